@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Run on the GPU machine through the `device` tool (repo root as cwd, $OUT collected):
+#   bash benchmarks/device_run.sh <step>...
+# steps: gputests (pytest -m gpu + triton cases on CUDA), topology (bench_topology on the GPU).
+# Each step writes its log to $OUT/<step>.log and its report to $OUT/<step>.md; a failing step does not
+# stop the next one.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' >> "$OUT/gpu.txt"
+for step in "$@"; do
+  case "$step" in
+    gputests)
+      timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests -k "cuda or gpu" 2>&1 | tee "$OUT/gputests.log" | tail -25 ;;
+    topology)
+      timeout 500 python3 benchmarks/bench_topology.py --device cuda --sizes 1e6 1e7 1e8 5e8 \
+        --out "$OUT/topology.md" 2>&1 | tee "$OUT/topology.log" | tail -12 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done

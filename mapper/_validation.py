@@ -1,0 +1,77 @@
+"""Input checks at the library boundary: one place that turns user input into well-formed tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .errors import InvalidArgument, InvalidArgumentType
+
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def resolve_device(device: str | torch.device | None, fallback: torch.device | None = None) -> torch.device:
+    """Turn a user device spec into a ``torch.device`` ("auto"/None -> fallback, else cuda if available)."""
+    if device is None or device == "auto":
+        if fallback is not None:
+            return fallback
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise InvalidArgument(f"device: cannot parse {device!r}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidArgument(f"device: {device!r} requested but CUDA is not available")
+    return dev
+
+
+def as_tensor(name: str, x, device: torch.device | None = None) -> torch.Tensor:
+    """Accept a torch tensor, numpy array or nested sequence; return a tensor (on ``device`` if given)."""
+    if isinstance(x, torch.Tensor):
+        t = x
+    elif isinstance(x, np.ndarray):
+        if x.dtype == object:
+            raise InvalidArgumentType(f"{name}: object arrays are not supported")
+        t = torch.from_numpy(np.ascontiguousarray(x))
+    elif isinstance(x, Sequence) and not isinstance(x, (str, bytes)):
+        try:
+            t = torch.as_tensor(np.asarray(x))
+        except (ValueError, TypeError) as e:
+            raise InvalidArgumentType(f"{name}: cannot convert to a tensor: {e}") from None
+    else:
+        raise InvalidArgumentType(f"{name}: expected a torch.Tensor or numpy array, got {type(x).__name__}")
+    if device is not None and t.device != device:
+        t = t.to(device)
+    return t
+
+
+def check_ijk(name: str, ijk, device: torch.device | None = None) -> torch.Tensor:
+    """Integer voxel coordinates ``[N, 3]`` -> int64 tensor. Raises on float/bool dtypes or wrong shape."""
+    t = as_tensor(name, ijk, device)
+    if t.dtype not in _INT_DTYPES:
+        raise InvalidArgumentType(f"{name}: expected an integer dtype (int32 or int64), got {t.dtype}")
+    if t.dim() != 2 or t.shape[1] != 3:
+        raise InvalidArgument(f"{name}: expected shape [N, 3], got {list(t.shape)}")
+    return t.to(torch.int64)
+
+
+def check_bool_mask(name: str, mask, length: int, device: torch.device) -> torch.Tensor:
+    """A bool vector of exactly ``length`` elements on ``device``."""
+    t = as_tensor(name, mask)
+    if t.dtype != torch.bool:
+        raise InvalidArgumentType(f"{name}: expected dtype torch.bool, got {t.dtype}")
+    if t.dim() != 1 or t.shape[0] != length:
+        raise InvalidArgument(f"{name}: expected shape [{length}], got {list(t.shape)}")
+    if t.device != device:
+        raise InvalidArgument(f"{name}: expected a tensor on {device}, got one on {t.device}")
+    return t
+
+
+def check_int_in(name: str, value, allowed) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgumentType(f"{name}: expected an int, got {type(value).__name__}")
+    if int(value) not in allowed:
+        raise InvalidArgument(f"{name}: expected one of {sorted(allowed)}, got {value}")
+    return int(value)

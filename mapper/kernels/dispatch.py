@@ -1,0 +1,42 @@
+"""The one place that decides whether an operator runs its Triton kernel or its pure-torch reference.
+
+``MAPPER_KERNELS`` (read at call time): ``auto`` (default: Triton for CUDA tensors when Triton imports),
+``torch`` (always the reference), ``triton`` (always Triton; on CPU tensors this needs
+``TRITON_INTERPRET=1``, which is how CI runs the kernels).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:  # pragma: no cover - depends on the install
+        return False
+    return True
+
+
+def kernel_mode() -> str:
+    mode = os.environ.get("MAPPER_KERNELS", "auto").strip().lower()
+    return mode if mode in ("auto", "torch", "triton") else "auto"
+
+
+def use_triton(device: torch.device) -> bool:
+    """True when operators on tensors of ``device`` should use their Triton kernels."""
+    mode = kernel_mode()
+    if mode == "torch":
+        return False
+    if mode == "triton":
+        if not triton_available():
+            raise RuntimeError("MAPPER_KERNELS=triton but triton does not import")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError("MAPPER_KERNELS=triton on CPU tensors needs TRITON_INTERPRET=1")
+        return True
+    return device.type == "cuda" and triton_available()
