@@ -14,8 +14,13 @@ for step in "$@"; do
   case "$step" in
     gputests)
       timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests -k "cuda or gpu" 2>&1 | tee "$OUT/gputests.log" | tail -25 ;;
+    probe)
+      timeout 120 python3 benchmarks/device_probe.py 2>&1 | tee "$OUT/probe.log" ;;
+    topology-small)
+      timeout 300 python3 benchmarks/bench_topology.py --device cuda --sizes 1e6 1e7 1e8 \
+        --out "$OUT/topology_small.md" 2>&1 | tee "$OUT/topology_small.log" | tail -8 ;;
     topology)
-      timeout 500 python3 benchmarks/bench_topology.py --device cuda --sizes 1e6 1e7 1e8 5e8 \
+      timeout 560 python3 benchmarks/bench_topology.py --device cuda --sizes 1e6 1e7 1e8 5e8 \
         --out "$OUT/topology.md" 2>&1 | tee "$OUT/topology.log" | tail -12 ;;
     *) echo "unknown step $step" ;;
   esac
