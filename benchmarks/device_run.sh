@@ -14,6 +14,8 @@ for step in "$@"; do
   case "$step" in
     gputests)
       timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests -k "cuda or gpu" 2>&1 | tee "$OUT/gputests.log" | tail -25 ;;
+    profile)
+      (cd benchmarks && timeout 300 python3 profile_ops.py --sizes 1e8 5e8 --ops dilate prune merge) 2>&1 | tee "$OUT/profile.log" | grep -E "===|Self CUDA time total|_kernel|aten::(sort|unique|searchsorted|cumsum|index|nonzero)" ;;
     probe)
       timeout 120 python3 benchmarks/device_probe.py 2>&1 | tee "$OUT/probe.log" ;;
     topology-small)

@@ -1,8 +1,8 @@
 """The one place that decides whether an operator runs its Triton kernel or its pure-torch reference.
 
 ``MAPPER_KERNELS`` (read at call time): ``auto`` (default: Triton for CUDA tensors when Triton imports),
-``torch`` (always the reference), ``triton`` (always Triton; on CPU tensors this needs
-``TRITON_INTERPRET=1``, which is how CI runs the kernels).
+``torch`` (always the reference), ``triton`` (Triton wherever it can run: CUDA tensors, and CPU tensors
+under ``TRITON_INTERPRET=1``, which is how CI runs the kernels; other CPU tensors use the reference).
 """
 
 from __future__ import annotations
@@ -36,7 +36,5 @@ def use_triton(device: torch.device) -> bool:
     if mode == "triton":
         if not triton_available():
             raise RuntimeError("MAPPER_KERNELS=triton but triton does not import")
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise RuntimeError("MAPPER_KERNELS=triton on CPU tensors needs TRITON_INTERPRET=1")
-        return True
+        return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
     return device.type == "cuda" and triton_available()

@@ -328,10 +328,10 @@ def _spill_kernel(
     pk = p & 3
     need = tl.zeros([64], tl.int32)
     for d in tl.static_range(27):
-        di: tl.constexpr = d // 9 - 1
-        dj: tl.constexpr = (d // 3) % 3 - 1
-        dk: tl.constexpr = d % 3 - 1
-        nd: tl.constexpr = di * di + dj * dj + dk * dk
+        di = d // 9 - 1
+        dj = (d // 3) % 3 - 1
+        dk = d % 3 - 1
+        nd = di * di + dj * dj + dk * dk
         if nd > 0 and nd <= MAXN:
             if di == 1:
                 x = w7
@@ -394,17 +394,17 @@ def _tile_dilate_kernel(
     own = tl.load(ug_ptr + u * 27 + 13, mask=inb, other=-1)
     acc = tl.load(in_tmask_ptr + own, mask=own >= 0, other=0)
     for d in tl.static_range(27):
-        di: tl.constexpr = d // 9 - 1
-        dj: tl.constexpr = (d // 3) % 3 - 1
-        dk: tl.constexpr = d % 3 - 1
-        nd: tl.constexpr = di * di + dj * dj + dk * dk
+        di = d // 9 - 1
+        dj = (d // 3) % 3 - 1
+        dk = d % 3 - 1
+        nd = di * di + dj * dj + dk * dk
         if nd > 0 and nd <= MAXN:
             for e in tl.static_range(8):
-                ci: tl.constexpr = (e >> 2) & 1
-                cj: tl.constexpr = (e >> 1) & 1
-                ck: tl.constexpr = e & 1
+                ci = (e >> 2) & 1
+                cj = (e >> 1) & 1
+                ck = e & 1
                 if (ci == 0 or di != 0) and (cj == 0 or dj != 0) and (ck == 0 or dk != 0):
-                    f: tl.constexpr = (1 - ci * di) * 9 + (1 - cj * dj) * 3 + (1 - ck * dk)
+                    f = (1 - ci * di) * 9 + (1 - cj * dj) * 3 + (1 - ck * dk)
                     src = tl.load(ug_ptr + u * 27 + f, mask=inb, other=-1)
                     x = tl.load(s_ptr + src * 27 + d, mask=src >= 0, other=0)
                     x = _axis_move(x, di, ci == 1, 16, _TZI, _THI)
