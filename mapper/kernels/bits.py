@@ -41,6 +41,16 @@ def popcount64(x: torch.Tensor) -> torch.Tensor:
 
 def leaf_counts(masks: torch.Tensor) -> torch.Tensor:
     """Active voxels per leaf: int64 ``[L]`` from int64 ``[L, 8]`` masks."""
+    from .dispatch import use_triton
+
+    if masks.shape[0] and use_triton(masks.device):
+        from .triton_ops import leaf_counts_triton
+
+        return leaf_counts_triton(masks)
+    return leaf_counts_torch(masks)
+
+
+def leaf_counts_torch(masks: torch.Tensor) -> torch.Tensor:
     return popcount64(masks).sum(dim=1)
 
 

@@ -23,7 +23,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .bits import leaf_counts
 from .keys import LEAF_POS_BITS, TILE_AXIS_BITS
 from .topology import Leaves, Tiles, build_tiles, lookup_leaves
 
@@ -85,6 +84,29 @@ def _leaf_in_tile(t, pos, tmask_ptr, tstart_ptr):
 
 def _n_iter(n: int) -> int:
     return max(1, int(n).bit_length() + 1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# active voxels per leaf
+
+
+@triton.jit
+def _count_kernel(masks_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    leaf = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = leaf < n
+    w = tl.arange(0, 8)
+    m = tl.load(masks_ptr + leaf[:, None] * 8 + w[None, :], mask=inb[:, None], other=0)
+    tl.store(out_ptr + leaf, tl.sum(_popc(m), axis=1), mask=inb)
+
+
+def leaf_counts_triton(masks: torch.Tensor) -> torch.Tensor:
+    """int64 [L]: active voxels per leaf of int64 [L, 8] masks (same as ``bits.leaf_counts``)."""
+    n = masks.shape[0]
+    out = torch.empty(n, dtype=torch.int64, device=masks.device)
+    if n:
+        block = 128
+        _count_kernel[(triton.cdiv(n, block),)](masks.contiguous(), out, n, BLOCK=block)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -210,7 +232,7 @@ def voxel_ijk_triton(leaves: Leaves) -> torch.Tensor:
 
 
 @triton.jit
-def _prune_kernel(masks_ptr, offsets_ptr, keep_ptr, out_ptr):
+def _prune_kernel(masks_ptr, offsets_ptr, keep_ptr, out_ptr, counts_ptr):
     leaf = tl.program_id(0).to(tl.int64)
     bits, rank = _leaf_bits(masks_ptr, leaf, leaf >= 0)
     src = tl.load(offsets_ptr + leaf) + rank
@@ -219,16 +241,16 @@ def _prune_kernel(masks_ptr, offsets_ptr, keep_ptr, out_ptr):
     b = tl.arange(0, 64)[None, :]
     words = tl.sum(newbit << b, axis=1)  # distinct bits: sum == or
     tl.store(out_ptr + leaf * 8 + tl.arange(0, 8), words)
+    tl.store(counts_ptr + leaf, tl.sum(tl.sum(newbit, axis=1), axis=0))
 
 
 def prune_triton(leaves: Leaves, keep: torch.Tensor) -> Leaves:
-    from .topology import make_leaves
-
     n = leaves.keys.numel()
     out = torch.empty_like(leaves.masks)
+    counts = torch.empty(n, dtype=torch.int64, device=leaves.keys.device)
     if n:
-        _prune_kernel[(n,)](leaves.masks, leaves.offsets, keep.contiguous().view(torch.uint8), out)
-    return make_leaves(leaves.keys, out, drop_empty=True)
+        _prune_kernel[(n,)](leaves.masks, leaves.offsets, keep.contiguous().view(torch.uint8), out, counts)
+    return _drop_empty(leaves.keys, out, counts)
 
 
 @triton.jit
@@ -464,16 +486,20 @@ def _pj(M, Mm, Mp, ERODE: tl.constexpr):
 
 
 @triton.jit
-def _pi(M, Wm, Wp, ERODE: tl.constexpr):
-    """1-D dilation/erosion along i (word step); Wm: word 7 of the i-1 leaf, Wp: word 0 of the i+1 leaf."""
-    w = tl.arange(0, 8)
-    ws = w[None, :, None]
-    wd = w[None, None, :]
-    M3 = M[:, :, None]
-    up = tl.sum(tl.where(ws == wd - 1, M3, 0), axis=1)  # up[w] = M[w - 1]
-    dn = tl.sum(tl.where(ws == wd + 1, M3, 0), axis=1)  # dn[w] = M[w + 1]
-    up = tl.where(w[None, :] == 0, Wm[:, None], up)
-    dn = tl.where(w[None, :] == 7, Wp[:, None], dn)
+def _pi(tmp_ptr, rows, active, M, Wm, Wp, ERODE: tl.constexpr):
+    """1-D dilation/erosion along i (word step) of the [64, 8] masks ``M``; Wm: word 7 of the i-1 leaves,
+    Wp: word 0 of the i+1 leaves. The words are shifted through memory: ``M`` is stored to the output rows
+    ``rows`` (``tmp_ptr``), read back one word up and down, and the caller overwrites the rows afterwards."""
+    w = tl.arange(0, 8)[None, :]
+    ptr = tmp_ptr + rows[:, None] * 8 + w
+    act = active[:, None]
+    tl.store(ptr, M, mask=act)
+    tl.debug_barrier()
+    up = tl.load(ptr - 1, mask=act & (w >= 1), other=0)
+    dn = tl.load(ptr + 1, mask=act & (w <= 6), other=0)
+    tl.debug_barrier()
+    up = tl.where(w == 0, Wm[:, None], up)
+    dn = tl.where(w == 7, Wp[:, None], dn)
     return _comb(_comb(M, up, ERODE), dn, ERODE)
 
 
@@ -531,6 +557,7 @@ def _leaf_morph_kernel(
     in_masks_ptr,
     out_keys_ptr,
     out_masks_ptr,
+    counts_ptr,
     CONN: tl.constexpr,
     ERODE: tl.constexpr,
 ):
@@ -566,7 +593,7 @@ def _leaf_morph_kernel(
         y = _pj(x0, xm, xp, ERODE)
         zm = _col26(row, pi, pj, pk, -1, 7, in_tmask_ptr, in_tstart_ptr, in_masks_ptr, ERODE)
         zp = _col26(row, pi, pj, pk, 1, 0, in_tmask_ptr, in_tstart_ptr, in_masks_ptr, ERODE)
-        out = _pi(y, zm, zp, ERODE)
+        out = _pi(out_masks_ptr, oidx, active, y, zm, zp, ERODE)
     elif CONN == 6:
         km = _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 0, -1, in_tmask_ptr, in_tstart_ptr))
         kp = _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 0, 1, in_tmask_ptr, in_tstart_ptr))
@@ -574,7 +601,8 @@ def _leaf_morph_kernel(
         jp = _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 1, 0, in_tmask_ptr, in_tstart_ptr))
         im = _word(in_masks_ptr, _nbr(row, pi, pj, pk, -1, 0, 0, in_tmask_ptr, in_tstart_ptr), 7)
         ip = _word(in_masks_ptr, _nbr(row, pi, pj, pk, 1, 0, 0, in_tmask_ptr, in_tstart_ptr), 0)
-        out = _comb(_comb(_pk(c, km, kp, ERODE), _pj(c, jm, jp, ERODE), ERODE), _pi(c, im, ip, ERODE), ERODE)
+        di = _pi(out_masks_ptr, oidx, active, c, im, ip, ERODE)
+        out = _comb(_comb(_pk(c, km, kp, ERODE), _pj(c, jm, jp, ERODE), ERODE), di, ERODE)
     else:  # 18: Di(Dk(M) | Dj(M)) | Dj(Dk(M)), no corner neighbours
         jm = _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, -1, 0, in_tmask_ptr, in_tstart_ptr))
         jp = _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 1, 0, in_tmask_ptr, in_tstart_ptr))
@@ -599,9 +627,11 @@ def _leaf_morph_kernel(
         y0 = _pj(c, jm, jp, ERODE)
         zm = _col18(row, pi, pj, pk, -1, 7, in_tmask_ptr, in_tstart_ptr, in_masks_ptr, ERODE)
         zp = _col18(row, pi, pj, pk, 1, 0, in_tmask_ptr, in_tstart_ptr, in_masks_ptr, ERODE)
-        out = _comb(_pi(_comb(x0, y0, ERODE), zm, zp, ERODE), _pj(x0, xm, xp, ERODE), ERODE)
+        di = _pi(out_masks_ptr, oidx, active, _comb(x0, y0, ERODE), zm, zp, ERODE)
+        out = _comb(di, _pj(x0, xm, xp, ERODE), ERODE)
     w = tl.arange(0, 8)
     tl.store(out_masks_ptr + oidx[:, None] * 8 + w[None, :], out, mask=active[:, None])
+    tl.store(counts_ptr + oidx, tl.sum(_popc(out), axis=1), mask=active)
     tkey = tl.load(out_tkeys_ptr + u)
     tl.store(out_keys_ptr + oidx, (tkey << 6) | p, mask=active)
 
@@ -647,18 +677,18 @@ def dilate_triton(leaves: Leaves, tiles: Tiles, connectivity: int) -> tuple[Leav
     _tile_dilate_kernel[(triton.cdiv(n_u, block),)](
         ug, n_u, tiles.masks, s, out_tmask, MAXN=_MAXN[connectivity], BLOCK=block
     )
-    return _leaf_pass(leaves, tiles, out_tkeys, out_tmask, ug, connectivity, erode=False)
+    keys, masks, counts, out_tiles = _leaf_pass(
+        leaves, tiles, out_tkeys, out_tmask, ug, connectivity, erode=False
+    )
+    return _with_offsets(keys, masks, counts), out_tiles
 
 
 def erode_triton(leaves: Leaves, tiles: Tiles, connectivity: int) -> tuple[Leaves, Tiles]:
     """One-voxel erosion (same result as ``morphology.erode_torch``)."""
     ug = _tile_neighbours(tiles.keys, tiles.keys)
-    out, _ = _leaf_pass(leaves, tiles, tiles.keys, tiles.masks, ug, connectivity, erode=True)
-    keep = (out.masks != 0).any(dim=1)
-    keys = out.keys[keep]
-    from .topology import make_leaves
-
-    return make_leaves(keys, out.masks[keep]), build_tiles(keys)
+    keys, masks, counts, _ = _leaf_pass(leaves, tiles, tiles.keys, tiles.masks, ug, connectivity, erode=True)
+    out = _drop_empty(keys, masks, counts)
+    return out, build_tiles(out.keys)
 
 
 def _leaf_pass(leaves, tiles, out_tkeys, out_tmask, ug, connectivity, erode):
@@ -671,6 +701,7 @@ def _leaf_pass(leaves, tiles, out_tkeys, out_tmask, ug, connectivity, erode):
     n_l = int(starts[-1])
     out_keys = torch.empty(n_l, dtype=torch.int64, device=dev)
     out_masks = torch.empty((n_l, 8), dtype=torch.int64, device=dev)
+    counts = torch.empty(n_l, dtype=torch.int64, device=dev)
     if n_u:
         _leaf_morph_kernel[(n_u,)](
             out_tkeys,
@@ -682,12 +713,22 @@ def _leaf_pass(leaves, tiles, out_tkeys, out_tmask, ug, connectivity, erode):
             leaves.masks,
             out_keys,
             out_masks,
+            counts,
             CONN=connectivity,
             ERODE=erode,
         )
-    offsets = torch.zeros(n_l + 1, dtype=torch.int64, device=dev)
-    torch.cumsum(leaf_counts(out_masks), 0, out=offsets[1:])
-    return Leaves(out_keys, out_masks, offsets), Tiles(out_tkeys, out_tmask, starts)
+    return out_keys, out_masks, counts, Tiles(out_tkeys, out_tmask, starts)
+
+
+def _with_offsets(keys: torch.Tensor, masks: torch.Tensor, counts: torch.Tensor) -> Leaves:
+    offsets = torch.zeros(keys.numel() + 1, dtype=torch.int64, device=keys.device)
+    torch.cumsum(counts, 0, out=offsets[1:])
+    return Leaves(keys, masks, offsets)
+
+
+def _drop_empty(keys: torch.Tensor, masks: torch.Tensor, counts: torch.Tensor) -> Leaves:
+    keep = counts > 0
+    return _with_offsets(keys[keep], masks[keep], counts[keep])
 
 
 assert LEAF_POS_BITS == 6
