@@ -13,7 +13,7 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 for step in "$@"; do
   case "$step" in
     gputests)
-      timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests -k "cuda or gpu" 2>&1 | tee "$OUT/gputests.log" | tail -25 ;;
+      timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests -k "${PYTEST_K:-cuda or gpu}" 2>&1 | tee "$OUT/gputests.log" | tail -25 ;;
     profile)
       (cd benchmarks && timeout 300 python3 profile_ops.py --sizes 1e8 5e8 --ops dilate prune merge) 2>&1 | tee "$OUT/profile.log" | grep -E "===|Self CUDA time total|_kernel|aten::(sort|unique|searchsorted|cumsum|index|nonzero)" ;;
     probe)

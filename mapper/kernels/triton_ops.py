@@ -190,11 +190,12 @@ def ijk_to_index_triton(leaves: Leaves, tiles: Tiles, ijk: torch.Tensor) -> torc
 
 @triton.jit
 def _leaf_bits(masks_ptr, leaf, valid):
-    """[8, 64] int64 0/1 bits of one leaf (row = word) and the in-leaf rank of every bit."""
-    w = tl.arange(0, 8)
-    b = tl.arange(0, 64)
-    words = tl.load(masks_ptr + leaf * 8 + w, mask=valid, other=0)
-    bits = (words[:, None] >> b[None, :]) & 1
+    """Bits of one leaf as int32 [16, 32] (row h = the 32-bit half h of the 512-bit mask, i.e. bits
+    32h .. 32h+31 = NanoVDB offsets) and the in-leaf rank of every bit; masks_ptr views the masks as int32."""
+    h = tl.arange(0, 16)
+    b = tl.arange(0, 32)
+    halves = tl.load(masks_ptr + leaf * 16 + h, mask=valid, other=0)
+    bits = (halves[:, None] >> b[None, :]) & 1
     cnt = tl.sum(bits, axis=1)
     before = tl.cumsum(cnt, axis=0) - cnt
     rank = before[:, None] + tl.cumsum(bits, axis=1) - bits
@@ -210,13 +211,12 @@ def _voxel_ijk_kernel(keys_ptr, masks_ptr, offsets_ptr, out_ptr, BIAS: tl.conste
     li = (((tile >> (2 * AXB)) & ((1 << AXB) - 1)) - BIAS) * 4 + ((key >> 4) & 3)
     lj = (((tile >> AXB) & ((1 << AXB) - 1)) - BIAS) * 4 + ((key >> 2) & 3)
     lk = ((tile & ((1 << AXB) - 1)) - BIAS) * 4 + (key & 3)
-    w = tl.arange(0, 8)[:, None]
-    b = tl.arange(0, 64)[None, :]
+    off = tl.arange(0, 16)[:, None] * 32 + tl.arange(0, 32)[None, :]  # NanoVDB offset
     dst = tl.load(offsets_ptr + leaf) + rank
     on = bits != 0
-    tl.store(out_ptr + dst * 3 + 0, (li * 8 + w + b * 0).to(tl.int32), mask=on)
-    tl.store(out_ptr + dst * 3 + 1, (lj * 8 + (b >> 3) + w * 0).to(tl.int32), mask=on)
-    tl.store(out_ptr + dst * 3 + 2, (lk * 8 + (b & 7) + w * 0).to(tl.int32), mask=on)
+    tl.store(out_ptr + dst * 3 + 0, (li * 8 + (off >> 6)).to(tl.int32), mask=on)
+    tl.store(out_ptr + dst * 3 + 1, (lj * 8 + ((off >> 3) & 7)).to(tl.int32), mask=on)
+    tl.store(out_ptr + dst * 3 + 2, (lk * 8 + (off & 7)).to(tl.int32), mask=on)
 
 
 def voxel_ijk_triton(leaves: Leaves) -> torch.Tensor:
@@ -226,22 +226,28 @@ def voxel_ijk_triton(leaves: Leaves) -> torch.Tensor:
     out = torch.empty((n_vox, 3), dtype=torch.int32, device=leaves.keys.device)
     if leaves.keys.numel():
         _voxel_ijk_kernel[(leaves.keys.numel(),)](
-            leaves.keys, leaves.masks, leaves.offsets, out, BIAS=TILE_BIAS, AXB=TILE_AXIS_BITS
+            leaves.keys,
+            leaves.masks.view(torch.int32),
+            leaves.offsets,
+            out,
+            BIAS=TILE_BIAS,
+            AXB=TILE_AXIS_BITS,
         )
     return out
 
 
 @triton.jit
 def _prune_kernel(masks_ptr, offsets_ptr, keep_ptr, out_ptr, counts_ptr):
+    """One leaf per program, int32 halves: new bit = old bit and keep[offset + rank]."""
     leaf = tl.program_id(0).to(tl.int64)
     bits, rank = _leaf_bits(masks_ptr, leaf, leaf >= 0)
     src = tl.load(offsets_ptr + leaf) + rank
     keep = tl.load(keep_ptr + src, mask=bits != 0, other=0)
     newbit = tl.where(keep != 0, bits, 0)
-    b = tl.arange(0, 64)[None, :]
-    words = tl.sum(newbit << b, axis=1)  # distinct bits: sum == or
-    tl.store(out_ptr + leaf * 8 + tl.arange(0, 8), words)
-    tl.store(counts_ptr + leaf, tl.sum(tl.sum(newbit, axis=1), axis=0))
+    b = tl.arange(0, 32)[None, :]
+    halves = tl.sum(newbit << b, axis=1)  # distinct bits: sum == or (bit 31 wraps to the sign bit)
+    tl.store(out_ptr + leaf * 16 + tl.arange(0, 16), halves)
+    tl.store(counts_ptr + leaf, tl.sum(tl.sum(newbit, axis=1), axis=0).to(tl.int64))
 
 
 def prune_triton(leaves: Leaves, keep: torch.Tensor) -> Leaves:
@@ -249,7 +255,13 @@ def prune_triton(leaves: Leaves, keep: torch.Tensor) -> Leaves:
     out = torch.empty_like(leaves.masks)
     counts = torch.empty(n, dtype=torch.int64, device=leaves.keys.device)
     if n:
-        _prune_kernel[(n,)](leaves.masks, leaves.offsets, keep.contiguous().view(torch.uint8), out, counts)
+        _prune_kernel[(n,)](
+            leaves.masks.view(torch.int32),
+            leaves.offsets,
+            keep.contiguous().view(torch.uint8),
+            out.view(torch.int32),
+            counts,
+        )
     return _drop_empty(leaves.keys, out, counts)
 
 
@@ -287,13 +299,13 @@ def inject_index_triton(src: Leaves, src_tiles: Tiles, dst: Leaves) -> torch.Ten
     if dst.keys.numel():
         _inject_kernel[(dst.keys.numel(),)](
             dst.keys,
-            dst.masks,
+            dst.masks.view(torch.int32),
             dst.offsets,
             src_tiles.keys,
             src_tiles.masks,
             src_tiles.starts,
             src_tiles.keys.numel(),
-            src.masks,
+            src.masks.view(torch.int32),
             src.offsets,
             out,
             N_ITER=_n_iter(src_tiles.keys.numel()),
@@ -334,54 +346,41 @@ def _spill_kernel(
     need_ptr,
     MAXN: tl.constexpr,
 ):
+    """One program per input tile; 2-D over (64 leaf positions, 32 >= 27 directions), two reductions."""
     t = tl.program_id(0).to(tl.int64)
     p = tl.arange(0, 64).to(tl.int64)
     tm = tl.load(tmask_ptr + t)
     start = tl.load(tstart_ptr + t)
     present = ((tm >> p) & 1) != 0
     leaf = start + _popc(tm & _low(p))
-    w = tl.arange(0, 8)
-    M = tl.load(masks_ptr + leaf[:, None] * 8 + w[None, :], mask=present[:, None], other=0)
-    w0 = tl.sum(tl.where(w[None, :] == 0, M, 0), axis=1)
-    w7 = tl.sum(tl.where(w[None, :] == 7, M, 0), axis=1)
-    wor = tl.reduce(M, 1, _or)
-    pi = p >> 4
-    pj = (p >> 2) & 3
-    pk = p & 3
-    need = tl.zeros([64], tl.int32)
-    for d in tl.static_range(27):
-        di = d // 9 - 1
-        dj = (d // 3) % 3 - 1
-        dk = d % 3 - 1
-        nd = di * di + dj * dj + dk * dk
-        if nd > 0 and nd <= MAXN:
-            if di == 1:
-                x = w7
-            elif di == -1:
-                x = w0
-            else:
-                x = wor
-            if dj == 1:
-                x = x & _J7
-            elif dj == -1:
-                x = x & _J0
-            if dk == 1:
-                x = x & _K7
-            elif dk == -1:
-                x = x & _K0
-            flag = x != 0
-            one = tl.full([64], 1, tl.int64)
-            sd = tl.sum(tl.where(flag, one << p, 0), axis=0)
-            tl.store(s_ptr + t * 27 + d, sd)
-            qi = pi + di
-            qj = pj + dj
-            qk = pk + dk
-            ei = tl.where(qi < 0, 0, tl.where(qi > 3, 2, 1))
-            ej = tl.where(qj < 0, 0, tl.where(qj > 3, 2, 1))
-            ek = tl.where(qk < 0, 0, tl.where(qk > 3, 2, 1))
-            e = ei * 9 + ej * 3 + ek
-            need = need | tl.where(flag, tl.full([64], 1, tl.int32) << e.to(tl.int32), 0)
-    tl.store(need_ptr + t, tl.reduce(need, 0, _or))
+    w0 = tl.load(masks_ptr + leaf * 8, mask=present, other=0)
+    w7 = tl.load(masks_ptr + leaf * 8 + 7, mask=present, other=0)
+    wor = w0 | w7
+    for ww in tl.static_range(1, 7):
+        wor = wor | tl.load(masks_ptr + leaf * 8 + ww, mask=present, other=0)
+    d = tl.arange(0, 32)
+    di = d // 9 - 1
+    dj = (d // 3) % 3 - 1
+    dk = d % 3 - 1
+    nd = di * di + dj * dj + dk * dk
+    valid = (d < 27) & (nd > 0) & (nd <= MAXN)
+    allb = tl.full([32], -1, tl.int64)
+    jsel = tl.where(dj == 1, allb & _J7, tl.where(dj == -1, allb & _J0, allb))
+    ksel = tl.where(dk == 1, allb & _K7, tl.where(dk == -1, allb & _K0, allb))
+    x = tl.where(di[None, :] == 1, w7[:, None], tl.where(di[None, :] == -1, w0[:, None], wor[:, None]))
+    flag = ((x & (jsel & ksel)[None, :]) != 0) & valid[None, :]
+    one = tl.full([64], 1, tl.int64)
+    sd = tl.sum(tl.where(flag, (one << p)[:, None], 0), axis=0)  # distinct bits per column: sum == or
+    tl.store(s_ptr + t * 27 + d, sd, mask=d < 27)
+    qi = (p >> 4)[:, None] + di[None, :]
+    qj = ((p >> 2) & 3)[:, None] + dj[None, :]
+    qk = (p & 3)[:, None] + dk[None, :]
+    ei = tl.where(qi < 0, 0, tl.where(qi > 3, 2, 1))
+    ej = tl.where(qj < 0, 0, tl.where(qj > 3, 2, 1))
+    ek = tl.where(qk < 0, 0, tl.where(qk > 3, 2, 1))
+    e = (ei * 9 + ej * 3 + ek).to(tl.int32)
+    bits = tl.where(flag, tl.full([64, 32], 1, tl.int32) << e, 0)
+    tl.store(need_ptr + t, tl.reduce(tl.reduce(bits, 1, _or), 0, _or))
 
 
 @triton.jit
@@ -547,10 +546,21 @@ def _col18(row, pi, pj, pk, di: tl.constexpr, wd: tl.constexpr, tm_ptr, ts_ptr, 
 
 
 @triton.jit
+def _out_keys_kernel(out_tkeys_ptr, out_tmask_ptr, out_tstart_ptr, out_keys_ptr, out_tile_ptr):
+    """Keys and tile index of the output leaves, one program per output tile."""
+    u = tl.program_id(0).to(tl.int64)
+    p = tl.arange(0, 64).to(tl.int64)
+    tm = tl.load(out_tmask_ptr + u)
+    active = ((tm >> p) & 1) != 0
+    oidx = tl.load(out_tstart_ptr + u) + _popc(tm & _low(p))
+    tl.store(out_keys_ptr + oidx, (tl.load(out_tkeys_ptr + u) << 6) | p, mask=active)
+    tl.store(out_tile_ptr + oidx, u + p * 0, mask=active)
+
+
+@triton.jit
 def _leaf_morph_kernel(
-    out_tkeys_ptr,
-    out_tmask_ptr,
-    out_tstart_ptr,
+    n_out,
+    out_tile_ptr,
     ug_ptr,
     in_tmask_ptr,
     in_tstart_ptr,
@@ -560,12 +570,13 @@ def _leaf_morph_kernel(
     counts_ptr,
     CONN: tl.constexpr,
     ERODE: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
-    u = tl.program_id(0).to(tl.int64)
-    p = tl.arange(0, 64).to(tl.int64)
-    tm = tl.load(out_tmask_ptr + u)
-    active = ((tm >> p) & 1) != 0
-    oidx = tl.load(out_tstart_ptr + u) + _popc(tm & _low(p))
+    """BLOCK output leaves per program (dense lanes): the dilated/eroded masks from the input leaves."""
+    oidx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    active = oidx < n_out
+    p = tl.load(out_keys_ptr + oidx, mask=active, other=0) & 63
+    u = tl.load(out_tile_ptr + oidx, mask=active, other=0)
     pi = p >> 4
     pj = (p >> 2) & 3
     pk = p & 3
@@ -632,8 +643,6 @@ def _leaf_morph_kernel(
     w = tl.arange(0, 8)
     tl.store(out_masks_ptr + oidx[:, None] * 8 + w[None, :], out, mask=active[:, None])
     tl.store(counts_ptr + oidx, tl.sum(_popc(out), axis=1), mask=active)
-    tkey = tl.load(out_tkeys_ptr + u)
-    tl.store(out_keys_ptr + oidx, (tkey << 6) | p, mask=active)
 
 
 _MAXN = {6: 1, 18: 2, 26: 3}
@@ -702,11 +711,13 @@ def _leaf_pass(leaves, tiles, out_tkeys, out_tmask, ug, connectivity, erode):
     out_keys = torch.empty(n_l, dtype=torch.int64, device=dev)
     out_masks = torch.empty((n_l, 8), dtype=torch.int64, device=dev)
     counts = torch.empty(n_l, dtype=torch.int64, device=dev)
+    out_tile = torch.empty(n_l, dtype=torch.int64, device=dev)
     if n_u:
-        _leaf_morph_kernel[(n_u,)](
-            out_tkeys,
-            out_tmask,
-            starts,
+        _out_keys_kernel[(n_u,)](out_tkeys, out_tmask, starts, out_keys, out_tile)
+        block = 64
+        _leaf_morph_kernel[(triton.cdiv(n_l, block),)](
+            n_l,
+            out_tile,
             ug,
             tiles.masks,
             tiles.starts,
@@ -716,6 +727,7 @@ def _leaf_pass(leaves, tiles, out_tkeys, out_tmask, ug, connectivity, erode):
             counts,
             CONN=connectivity,
             ERODE=erode,
+            BLOCK=block,
         )
     return out_keys, out_masks, counts, Tiles(out_tkeys, out_tmask, starts)
 
@@ -726,9 +738,41 @@ def _with_offsets(keys: torch.Tensor, masks: torch.Tensor, counts: torch.Tensor)
     return Leaves(keys, masks, offsets)
 
 
+@triton.jit
+def _compact_kernel(
+    keys_ptr, masks_ptr, counts_ptr, pos_ptr, okeys_ptr, omasks_ptr, ooffsets_ptr, n, BLOCK: tl.constexpr
+):
+    """Copy the non-empty leaves to their compacted positions (``pos`` = inclusive prefix of non-empty)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = i < n
+    c = tl.load(counts_ptr + i, mask=inb, other=0)
+    keep = inb & (c > 0)
+    dst = tl.load(pos_ptr + i, mask=keep, other=1) - 1
+    tl.store(okeys_ptr + dst, tl.load(keys_ptr + i, mask=keep, other=0), mask=keep)
+    w = tl.arange(0, 8)[None, :]
+    m = tl.load(masks_ptr + i[:, None] * 8 + w, mask=keep[:, None], other=0)
+    tl.store(omasks_ptr + dst[:, None] * 8 + w, m, mask=keep[:, None])
+    tl.store(ooffsets_ptr + 1 + dst, c, mask=keep)
+
+
 def _drop_empty(keys: torch.Tensor, masks: torch.Tensor, counts: torch.Tensor) -> Leaves:
-    keep = counts > 0
-    return _with_offsets(keys[keep], masks[keep], counts[keep])
+    """Remove the leaves whose count is 0 (one kernel; torch's row gather is slow for [L, 8] rows)."""
+    n = keys.numel()
+    if n == 0:
+        return _with_offsets(keys, masks, counts)
+    pos = torch.cumsum(counts > 0, 0)
+    m = int(pos[-1])
+    if m == n:
+        return _with_offsets(keys, masks, counts)
+    okeys = torch.empty(m, dtype=torch.int64, device=keys.device)
+    omasks = torch.empty((m, 8), dtype=torch.int64, device=keys.device)
+    offsets = torch.zeros(m + 1, dtype=torch.int64, device=keys.device)
+    block = 128
+    _compact_kernel[(triton.cdiv(n, block),)](
+        keys, masks, counts, pos, okeys, omasks, offsets, n, BLOCK=block
+    )
+    offsets[1:] = torch.cumsum(offsets[1:], 0)
+    return Leaves(okeys, omasks, offsets)
 
 
 assert LEAF_POS_BITS == 6
