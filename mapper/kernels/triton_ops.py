@@ -485,64 +485,21 @@ def _pj(M, Mm, Mp, ERODE: tl.constexpr):
 
 
 @triton.jit
-def _pi(tmp_ptr, rows, active, M, Wm, Wp, ERODE: tl.constexpr):
-    """1-D dilation/erosion along i (word step) of the [64, 8] masks ``M``; Wm: word 7 of the i-1 leaves,
-    Wp: word 0 of the i+1 leaves. The words are shifted through memory: ``M`` is stored to the output rows
-    ``rows`` (``tmp_ptr``), read back one word up and down, and the caller overwrites the rows afterwards."""
+def _fw(m_ptr, lc, lm, lp, dw: tl.constexpr):
+    """[B, 8] words ``w + dw`` of the leaves ``lc``; a word index of -1 or 8 reads word 7 of the i-1 leaf
+    ``lm`` or word 0 of the i+1 leaf ``lp`` (absent leaves read 0). With it the i-pass needs no shuffle."""
     w = tl.arange(0, 8)[None, :]
-    ptr = tmp_ptr + rows[:, None] * 8 + w
-    act = active[:, None]
-    tl.store(ptr, M, mask=act)
-    tl.debug_barrier()
-    up = tl.load(ptr - 1, mask=act & (w >= 1), other=0)
-    dn = tl.load(ptr + 1, mask=act & (w <= 6), other=0)
-    tl.debug_barrier()
-    up = tl.where(w == 0, Wm[:, None], up)
-    dn = tl.where(w == 7, Wp[:, None], dn)
-    return _comb(_comb(M, up, ERODE), dn, ERODE)
+    src = w + dw
+    leaf = tl.where(src < 0, lm[:, None], tl.where(src > 7, lp[:, None], lc[:, None]))
+    word = src & 7
+    return tl.load(m_ptr + leaf * 8 + word, mask=leaf >= 0, other=0)
 
 
 @triton.jit
-def _col26(row, pi, pj, pk, di: tl.constexpr, wd: tl.constexpr, tm_ptr, ts_ptr, m_ptr, ERODE: tl.constexpr):
-    """Word ``wd`` of Dj(Dk(M)) at the neighbour leaves (di, 0, 0): Di's input from the i-neighbours."""
-    am = _pk(
-        _word(m_ptr, _nbr(row, pi, pj, pk, di, -1, 0, tm_ptr, ts_ptr), wd),
-        _word(m_ptr, _nbr(row, pi, pj, pk, di, -1, -1, tm_ptr, ts_ptr), wd),
-        _word(m_ptr, _nbr(row, pi, pj, pk, di, -1, 1, tm_ptr, ts_ptr), wd),
-        ERODE,
-    )
-    a0 = _pk(
-        _word(m_ptr, _nbr(row, pi, pj, pk, di, 0, 0, tm_ptr, ts_ptr), wd),
-        _word(m_ptr, _nbr(row, pi, pj, pk, di, 0, -1, tm_ptr, ts_ptr), wd),
-        _word(m_ptr, _nbr(row, pi, pj, pk, di, 0, 1, tm_ptr, ts_ptr), wd),
-        ERODE,
-    )
-    ap = _pk(
-        _word(m_ptr, _nbr(row, pi, pj, pk, di, 1, 0, tm_ptr, ts_ptr), wd),
-        _word(m_ptr, _nbr(row, pi, pj, pk, di, 1, -1, tm_ptr, ts_ptr), wd),
-        _word(m_ptr, _nbr(row, pi, pj, pk, di, 1, 1, tm_ptr, ts_ptr), wd),
-        ERODE,
-    )
-    return _pj(a0, am, ap, ERODE)
-
-
-@triton.jit
-def _col18(row, pi, pj, pk, di: tl.constexpr, wd: tl.constexpr, tm_ptr, ts_ptr, m_ptr, ERODE: tl.constexpr):
-    """Word ``wd`` of Dk(M) | Dj(M) at the neighbour leaves (di, 0, 0) (18-stencil: no corners)."""
-    cw = _word(m_ptr, _nbr(row, pi, pj, pk, di, 0, 0, tm_ptr, ts_ptr), wd)
-    xk = _pk(
-        cw,
-        _word(m_ptr, _nbr(row, pi, pj, pk, di, 0, -1, tm_ptr, ts_ptr), wd),
-        _word(m_ptr, _nbr(row, pi, pj, pk, di, 0, 1, tm_ptr, ts_ptr), wd),
-        ERODE,
-    )
-    yj = _pj(
-        cw,
-        _word(m_ptr, _nbr(row, pi, pj, pk, di, -1, 0, tm_ptr, ts_ptr), wd),
-        _word(m_ptr, _nbr(row, pi, pj, pk, di, 1, 0, tm_ptr, ts_ptr), wd),
-        ERODE,
-    )
-    return _comb(xk, yj, ERODE)
+def _dkcol(m_ptr, c0, cm, cp, m0, mm, mp, p0, pm, pp, dw: tl.constexpr, ERODE: tl.constexpr):
+    """Dk of the leaf column (c0 with its k-1/k+1 neighbours cm/cp) at word shift dw; m*/p* are the i-1/i+1
+    neighbours of c0/cm/cp."""
+    return _pk(_fw(m_ptr, c0, m0, p0, dw), _fw(m_ptr, cm, mm, pm, dw), _fw(m_ptr, cp, mp, pp, dw), ERODE)
 
 
 @triton.jit
@@ -581,65 +538,75 @@ def _leaf_morph_kernel(
     pj = (p >> 2) & 3
     pk = p & 3
     row = ug_ptr + u * 27
-    c = _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 0, 0, in_tmask_ptr, in_tstart_ptr))
-    if CONN == 26:
-        xm = _pk(
-            _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, -1, 0, in_tmask_ptr, in_tstart_ptr)),
-            _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, -1, -1, in_tmask_ptr, in_tstart_ptr)),
-            _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, -1, 1, in_tmask_ptr, in_tstart_ptr)),
-            ERODE,
-        )
-        x0 = _pk(
-            c,
-            _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 0, -1, in_tmask_ptr, in_tstart_ptr)),
-            _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 0, 1, in_tmask_ptr, in_tstart_ptr)),
-            ERODE,
-        )
-        xp = _pk(
-            _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 1, 0, in_tmask_ptr, in_tstart_ptr)),
-            _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 1, -1, in_tmask_ptr, in_tstart_ptr)),
-            _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 1, 1, in_tmask_ptr, in_tstart_ptr)),
-            ERODE,
-        )
-        y = _pj(x0, xm, xp, ERODE)
-        zm = _col26(row, pi, pj, pk, -1, 7, in_tmask_ptr, in_tstart_ptr, in_masks_ptr, ERODE)
-        zp = _col26(row, pi, pj, pk, 1, 0, in_tmask_ptr, in_tstart_ptr, in_masks_ptr, ERODE)
-        out = _pi(out_masks_ptr, oidx, active, y, zm, zp, ERODE)
-    elif CONN == 6:
-        km = _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 0, -1, in_tmask_ptr, in_tstart_ptr))
-        kp = _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 0, 1, in_tmask_ptr, in_tstart_ptr))
-        jm = _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, -1, 0, in_tmask_ptr, in_tstart_ptr))
-        jp = _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 1, 0, in_tmask_ptr, in_tstart_ptr))
-        im = _word(in_masks_ptr, _nbr(row, pi, pj, pk, -1, 0, 0, in_tmask_ptr, in_tstart_ptr), 7)
-        ip = _word(in_masks_ptr, _nbr(row, pi, pj, pk, 1, 0, 0, in_tmask_ptr, in_tstart_ptr), 0)
-        di = _pi(out_masks_ptr, oidx, active, c, im, ip, ERODE)
-        out = _comb(_comb(_pk(c, km, kp, ERODE), _pj(c, jm, jp, ERODE), ERODE), di, ERODE)
-    else:  # 18: Di(Dk(M) | Dj(M)) | Dj(Dk(M)), no corner neighbours
-        jm = _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, -1, 0, in_tmask_ptr, in_tstart_ptr))
-        jp = _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 1, 0, in_tmask_ptr, in_tstart_ptr))
-        x0 = _pk(
-            c,
-            _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 0, -1, in_tmask_ptr, in_tstart_ptr)),
-            _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 0, 1, in_tmask_ptr, in_tstart_ptr)),
-            ERODE,
-        )
-        xm = _pk(
-            jm,
-            _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, -1, -1, in_tmask_ptr, in_tstart_ptr)),
-            _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, -1, 1, in_tmask_ptr, in_tstart_ptr)),
-            ERODE,
-        )
-        xp = _pk(
-            jp,
-            _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 1, -1, in_tmask_ptr, in_tstart_ptr)),
-            _full(in_masks_ptr, _nbr(row, pi, pj, pk, 0, 1, 1, in_tmask_ptr, in_tstart_ptr)),
-            ERODE,
-        )
-        y0 = _pj(c, jm, jp, ERODE)
-        zm = _col18(row, pi, pj, pk, -1, 7, in_tmask_ptr, in_tstart_ptr, in_masks_ptr, ERODE)
-        zp = _col18(row, pi, pj, pk, 1, 0, in_tmask_ptr, in_tstart_ptr, in_masks_ptr, ERODE)
-        di = _pi(out_masks_ptr, oidx, active, _comb(x0, y0, ERODE), zm, zp, ERODE)
-        out = _comb(di, _pj(x0, xm, xp, ERODE), ERODE)
+    tm = in_tmask_ptr
+    ts = in_tstart_ptr
+    # the 3x3 (dj, dk) columns of leaves and their i-1 / i+1 neighbours (18-stencil: no corners)
+    c_00 = _nbr(row, pi, pj, pk, 0, 0, 0, tm, ts)
+    m_00 = _nbr(row, pi, pj, pk, -1, 0, 0, tm, ts)
+    p_00 = _nbr(row, pi, pj, pk, 1, 0, 0, tm, ts)
+    c_0m = _nbr(row, pi, pj, pk, 0, 0, -1, tm, ts)
+    c_0p = _nbr(row, pi, pj, pk, 0, 0, 1, tm, ts)
+    c_m0 = _nbr(row, pi, pj, pk, 0, -1, 0, tm, ts)
+    c_p0 = _nbr(row, pi, pj, pk, 0, 1, 0, tm, ts)
+    if CONN == 6:
+        c = _fw(in_masks_ptr, c_00, m_00, p_00, 0)
+        dk = _pk(c, _fw(in_masks_ptr, c_0m, c_0m, c_0m, 0), _fw(in_masks_ptr, c_0p, c_0p, c_0p, 0), ERODE)
+        dj = _pj(c, _fw(in_masks_ptr, c_m0, c_m0, c_m0, 0), _fw(in_masks_ptr, c_p0, c_p0, c_p0, 0), ERODE)
+        up = _fw(in_masks_ptr, c_00, m_00, p_00, -1)
+        dn = _fw(in_masks_ptr, c_00, m_00, p_00, 1)
+        out = _comb(_comb(dk, dj, ERODE), _comb(_comb(c, up, ERODE), dn, ERODE), ERODE)
+    else:
+        m_0m = _nbr(row, pi, pj, pk, -1, 0, -1, tm, ts)
+        m_0p = _nbr(row, pi, pj, pk, -1, 0, 1, tm, ts)
+        m_m0 = _nbr(row, pi, pj, pk, -1, -1, 0, tm, ts)
+        m_p0 = _nbr(row, pi, pj, pk, -1, 1, 0, tm, ts)
+        p_0m = _nbr(row, pi, pj, pk, 1, 0, -1, tm, ts)
+        p_0p = _nbr(row, pi, pj, pk, 1, 0, 1, tm, ts)
+        p_m0 = _nbr(row, pi, pj, pk, 1, -1, 0, tm, ts)
+        p_p0 = _nbr(row, pi, pj, pk, 1, 1, 0, tm, ts)
+        c_mm = _nbr(row, pi, pj, pk, 0, -1, -1, tm, ts)
+        c_mp = _nbr(row, pi, pj, pk, 0, -1, 1, tm, ts)
+        c_pm = _nbr(row, pi, pj, pk, 0, 1, -1, tm, ts)
+        c_pp = _nbr(row, pi, pj, pk, 0, 1, 1, tm, ts)
+        if CONN == 26:
+            m_mm = _nbr(row, pi, pj, pk, -1, -1, -1, tm, ts)
+            m_mp = _nbr(row, pi, pj, pk, -1, -1, 1, tm, ts)
+            m_pm = _nbr(row, pi, pj, pk, -1, 1, -1, tm, ts)
+            m_pp = _nbr(row, pi, pj, pk, -1, 1, 1, tm, ts)
+            p_mm = _nbr(row, pi, pj, pk, 1, -1, -1, tm, ts)
+            p_mp = _nbr(row, pi, pj, pk, 1, -1, 1, tm, ts)
+            p_pm = _nbr(row, pi, pj, pk, 1, 1, -1, tm, ts)
+            p_pp = _nbr(row, pi, pj, pk, 1, 1, 1, tm, ts)
+            out = _pj(
+                _dkcol(in_masks_ptr, c_00, c_0m, c_0p, m_00, m_0m, m_0p, p_00, p_0m, p_0p, 0, ERODE),
+                _dkcol(in_masks_ptr, c_m0, c_mm, c_mp, m_m0, m_mm, m_mp, p_m0, p_mm, p_mp, 0, ERODE),
+                _dkcol(in_masks_ptr, c_p0, c_pm, c_pp, m_p0, m_pm, m_pp, p_p0, p_pm, p_pp, 0, ERODE),
+                ERODE,
+            )
+            for s in tl.static_range(2):
+                dw = 2 * s - 1
+                y = _pj(
+                    _dkcol(in_masks_ptr, c_00, c_0m, c_0p, m_00, m_0m, m_0p, p_00, p_0m, p_0p, dw, ERODE),
+                    _dkcol(in_masks_ptr, c_m0, c_mm, c_mp, m_m0, m_mm, m_mp, p_m0, p_mm, p_mp, dw, ERODE),
+                    _dkcol(in_masks_ptr, c_p0, c_pm, c_pp, m_p0, m_pm, m_pp, p_p0, p_pm, p_pp, dw, ERODE),
+                    ERODE,
+                )
+                out = _comb(out, y, ERODE)
+        else:  # 18: Di(Dk(M) | Dj(M)) | Dj(Dk(M))
+            x0 = _dkcol(in_masks_ptr, c_00, c_0m, c_0p, m_00, m_0m, m_0p, p_00, p_0m, p_0p, 0, ERODE)
+            xm = _dkcol(in_masks_ptr, c_m0, c_mm, c_mp, c_m0, c_m0, c_m0, c_m0, c_m0, c_m0, 0, ERODE)
+            xp = _dkcol(in_masks_ptr, c_p0, c_pm, c_pp, c_p0, c_p0, c_p0, c_p0, c_p0, c_p0, 0, ERODE)
+            out = _pj(x0, xm, xp, ERODE)
+            for s in tl.static_range(3):
+                dw = s - 1
+                xs = _dkcol(in_masks_ptr, c_00, c_0m, c_0p, m_00, m_0m, m_0p, p_00, p_0m, p_0p, dw, ERODE)
+                ys = _pj(
+                    _fw(in_masks_ptr, c_00, m_00, p_00, dw),
+                    _fw(in_masks_ptr, c_m0, m_m0, p_m0, dw),
+                    _fw(in_masks_ptr, c_p0, m_p0, p_p0, dw),
+                    ERODE,
+                )
+                out = _comb(out, _comb(xs, ys, ERODE), ERODE)
     w = tl.arange(0, 8)
     tl.store(out_masks_ptr + oidx[:, None] * 8 + w[None, :], out, mask=active[:, None])
     tl.store(counts_ptr + oidx, tl.sum(_popc(out), axis=1), mask=active)
