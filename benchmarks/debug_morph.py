@@ -12,7 +12,9 @@ from mapper.kernels.keys import decode_leaf_keys
 
 def torch_spill(leaves, tiles, conn):
     L = leaves.keys.numel()
-    tile_of = torch.repeat_interleave(torch.arange(tiles.keys.numel(), device=leaves.keys.device), tiles.starts.diff())
+    tile_of = torch.repeat_interleave(
+        torch.arange(tiles.keys.numel(), device=leaves.keys.device), tiles.starts.diff()
+    )
     S = torch.zeros((tiles.keys.numel(), 27), dtype=torch.int64, device=leaves.keys.device)
     pos = leaves.keys & 63
     for d in morphology.stencil_directions(conn):
@@ -34,20 +36,39 @@ def main():
             for it in range(3):
                 lv, tl_ = triton_ops.dilate_triton(g.leaves, g.tiles, conn)
                 ref = morphology.dilate_torch(g.leaves, conn)
-                ok = lv.keys.shape == ref.keys.shape and torch.equal(lv.keys, ref.keys) and torch.equal(lv.masks, ref.masks)
+                ok = (
+                    lv.keys.shape == ref.keys.shape
+                    and torch.equal(lv.keys, ref.keys)
+                    and torch.equal(lv.masks, ref.masks)
+                )
                 if not ok:
                     bad += 1
-                    print(f"trial {trial} conn {conn} iter {it}: leaves triton {lv.keys.numel()} torch {ref.keys.numel()}")
+                    print(
+                        f"trial {trial} conn {conn} iter {it}: leaves triton {lv.keys.numel()} torch {ref.keys.numel()}"
+                    )
                     S_tr = torch.zeros((g.tiles.keys.numel(), 27), dtype=torch.int64, device="cuda")
                     need = torch.empty(g.tiles.keys.numel(), dtype=torch.int32, device="cuda")
-                    triton_ops._spill_kernel[(g.tiles.keys.numel(),)](g.tiles.masks, g.tiles.starts, g.leaves.masks, S_tr, need, MAXN=triton_ops._MAXN[conn])
+                    triton_ops._spill_kernel[(g.tiles.keys.numel(),)](
+                        g.tiles.masks, g.tiles.starts, g.leaves.masks, S_tr, need, MAXN=triton_ops._MAXN[conn]
+                    )
                     S_ref = torch_spill(g.leaves, g.tiles, conn)
-                    print("  spill S equal:", torch.equal(S_tr, S_ref), "diff entries:", int((S_tr != S_ref).sum()))
+                    print(
+                        "  spill S equal:",
+                        torch.equal(S_tr, S_ref),
+                        "diff entries:",
+                        int((S_tr != S_ref).sum()),
+                    )
+                    os.environ["TRITON_INTERPRET"] = "0"
+                    need_cpu = torch.empty_like(need)
+                    print("  need bits:", need[:8].tolist())
                     if not torch.equal(S_tr, S_ref):
                         idx = (S_tr != S_ref).nonzero()[:5]
                         for t, d in idx.tolist():
-                            print(f"   tile {t} d {d}: triton {S_tr[t, d].item():#x} ref {S_ref[t, d].item():#x}")
-                    ks = set(lv.keys.tolist()); kr = set(ref.keys.tolist())
+                            print(
+                                f"   tile {t} d {d}: triton {S_tr[t, d].item():#x} ref {S_ref[t, d].item():#x}"
+                            )
+                    ks = set(lv.keys.tolist())
+                    kr = set(ref.keys.tolist())
                     print("  missing leaves:", len(kr - ks), "extra:", len(ks - kr))
                     common = torch.tensor(sorted(ks & kr), device="cuda")
                     if common.numel():
@@ -59,9 +80,16 @@ def main():
                             c = decode_leaf_keys(torch.tensor([k])).tolist()[0]
                             ia = int(torch.searchsorted(lv.keys, torch.tensor(k, device="cuda")))
                             ib = int(torch.searchsorted(ref.keys, torch.tensor(k, device="cuda")))
-                            xa = lv.masks[ia].tolist(); xb = ref.masks[ib].tolist()
-                            print(f"   leaf {c} pos {k & 63}: words differing",
-                                  [(w, hex(xa[w] & (2**64 - 1)), hex(xb[w] & (2**64 - 1))) for w in range(8) if xa[w] != xb[w]])
+                            xa = lv.masks[ia].tolist()
+                            xb = ref.masks[ib].tolist()
+                            print(
+                                f"   leaf {c} pos {k & 63}: words differing",
+                                [
+                                    (w, hex(xa[w] & (2**64 - 1)), hex(xb[w] & (2**64 - 1)))
+                                    for w in range(8)
+                                    if xa[w] != xb[w]
+                                ],
+                            )
                     break
                 g = IndexGrid(ref)
             if bad > 3:

@@ -46,8 +46,14 @@ def main():
                 for _ in range(5):
                     fn()
                 torch.cuda.synchronize()
-            print(f"\n=== {name} @ {g.num_voxels / 1e6:.0f}M voxels, {g.num_leaves} leaves: wall {wall:.2f} ms/call")
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=60))
+            print(
+                f"\n=== {name} @ {g.num_voxels / 1e6:.0f}M voxels, {g.num_leaves} leaves: wall {wall:.2f} ms/call"
+            )
+            print(
+                prof.key_averages().table(
+                    sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=60
+                )
+            )
 
 
 if __name__ == "__main__":

@@ -372,15 +372,40 @@ def _spill_kernel(
     one = tl.full([64], 1, tl.int64)
     sd = tl.sum(tl.where(flag, (one << p)[:, None], 0), axis=0)  # distinct bits per column: sum == or
     tl.store(s_ptr + t * 27 + d, sd, mask=d < 27)
-    qi = (p >> 4)[:, None] + di[None, :]
-    qj = ((p >> 2) & 3)[:, None] + dj[None, :]
-    qk = (p & 3)[:, None] + dk[None, :]
-    ei = tl.where(qi < 0, 0, tl.where(qi > 3, 2, 1))
-    ej = tl.where(qj < 0, 0, tl.where(qj > 3, 2, 1))
-    ek = tl.where(qk < 0, 0, tl.where(qk > 3, 2, 1))
-    e = (ei * 9 + ej * 3 + ek).to(tl.int32)
-    bits = tl.where(flag, tl.full([64, 32], 1, tl.int32) << e, 0)
-    tl.store(need_ptr + t, tl.reduce(tl.reduce(bits, 1, _or), 0, _or))
+    # which neighbour tiles receive spill: per direction (static loop, element-wise), one reduction
+    pi = p >> 4
+    pj = (p >> 2) & 3
+    pk = p & 3
+    need = tl.zeros([64], tl.int32)
+    for dd in tl.static_range(27):
+        ddi = dd // 9 - 1
+        ddj = (dd // 3) % 3 - 1
+        ddk = dd % 3 - 1
+        nn = ddi * ddi + ddj * ddj + ddk * ddk
+        if nn > 0 and nn <= MAXN:
+            if ddi == 1:
+                y = w7
+            elif ddi == -1:
+                y = w0
+            else:
+                y = wor
+            if ddj == 1:
+                y = y & _J7
+            elif ddj == -1:
+                y = y & _J0
+            if ddk == 1:
+                y = y & _K7
+            elif ddk == -1:
+                y = y & _K0
+            qi = pi + ddi
+            qj = pj + ddj
+            qk = pk + ddk
+            ei = tl.where(qi < 0, 0, tl.where(qi > 3, 2, 1))
+            ej = tl.where(qj < 0, 0, tl.where(qj > 3, 2, 1))
+            ek = tl.where(qk < 0, 0, tl.where(qk > 3, 2, 1))
+            e = (ei * 9 + ej * 3 + ek).to(tl.int32)
+            need = need | tl.where(y != 0, tl.full([64], 1, tl.int32) << e, 0)
+    tl.store(need_ptr + t, tl.reduce(need, 0, _or))
 
 
 @triton.jit
