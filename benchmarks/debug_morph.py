@@ -1,7 +1,5 @@
 """GPU debugging aid: Triton vs torch dilation, iteration by iteration, dumping the first difference."""
 
-import os
-
 import numpy as np
 import torch
 
@@ -11,7 +9,6 @@ from mapper.kernels.keys import decode_leaf_keys
 
 
 def torch_spill(leaves, tiles, conn):
-    L = leaves.keys.numel()
     tile_of = torch.repeat_interleave(
         torch.arange(tiles.keys.numel(), device=leaves.keys.device), tiles.starts.diff()
     )
@@ -44,7 +41,8 @@ def main():
                 if not ok:
                     bad += 1
                     print(
-                        f"trial {trial} conn {conn} iter {it}: leaves triton {lv.keys.numel()} torch {ref.keys.numel()}"
+                        f"trial {trial} conn {conn} iter {it}: leaves triton {lv.keys.numel()} "
+                        f"torch {ref.keys.numel()}"
                     )
                     S_tr = torch.zeros((g.tiles.keys.numel(), 27), dtype=torch.int64, device="cuda")
                     need = torch.empty(g.tiles.keys.numel(), dtype=torch.int32, device="cuda")
@@ -58,14 +56,13 @@ def main():
                         "diff entries:",
                         int((S_tr != S_ref).sum()),
                     )
-                    os.environ["TRITON_INTERPRET"] = "0"
-                    need_cpu = torch.empty_like(need)
                     print("  need bits:", need[:8].tolist())
                     if not torch.equal(S_tr, S_ref):
                         idx = (S_tr != S_ref).nonzero()[:5]
                         for t, d in idx.tolist():
                             print(
-                                f"   tile {t} d {d}: triton {S_tr[t, d].item():#x} ref {S_ref[t, d].item():#x}"
+                                f"   tile {t} d {d}: triton {S_tr[t, d].item():#x} "
+                                f"ref {S_ref[t, d].item():#x}"
                             )
                     ks = set(lv.keys.tolist())
                     kr = set(ref.keys.tolist())
