@@ -139,6 +139,14 @@ class IndexGrid:
             return _triton_ops().ijk_to_index_triton(self._leaves, self.tiles, t)
         return lookup.ijk_to_index_torch(self._leaves, t)
 
+    def ijk_to_leaf(self, ijk) -> torch.Tensor:
+        """int64 ``[M]`` index (in leaf order) of the leaf holding each voxel of ``ijk``, -1 where the
+        grid has no such leaf. Used to address leaf-level sidecars."""
+        t = self._device_ijk("ijk", ijk)
+        if use_triton(self.device) and self.num_leaves and t.shape[0]:
+            return _triton_ops().ijk_to_index_triton(self._leaves, self.tiles, t, leaf_only=True)
+        return lookup.ijk_to_leaf_torch(self._leaves, t)
+
     def _device_ijk(self, name: str, ijk) -> torch.Tensor:
         if isinstance(ijk, torch.Tensor) and ijk.device != self.device:
             raise InvalidArgument(f"{name}: expected a tensor on {self.device}, got one on {ijk.device}")
@@ -156,6 +164,13 @@ class IndexGrid:
         """Union of the active voxels of ``self`` and ``other`` (same device)."""
         other = self._check_other(other)
         return IndexGrid(setops.merge_torch(self._leaves, other._leaves))
+
+    def merged_grid_with_positions(self, other: IndexGrid) -> tuple[IndexGrid, torch.Tensor, torch.Tensor]:
+        """``merged_grid`` plus where each leaf of ``self`` and of ``other`` landed (int64 ``[L_self]``,
+        ``[L_other]`` leaf indices in the result), for injecting leaf-level sidecars."""
+        other = self._check_other(other)
+        leaves, pa, pb = setops.merge_with_positions_torch(self._leaves, other._leaves)
+        return IndexGrid(leaves), pa, pb
 
     def pruned_grid(self, keep) -> IndexGrid:
         """The voxels where bool ``keep`` ``[num_voxels]`` (voxel-sequential order) is true."""

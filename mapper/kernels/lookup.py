@@ -35,3 +35,18 @@ def _lookup(leaves: Leaves, ijk: torch.Tensor) -> torch.Tensor:
     rank = before + popcount64(word & low_bits(b))
     idx = leaves.offsets[leaf] + rank
     return torch.where(found & (active == 1), idx, torch.full_like(idx, -1))
+
+
+def ijk_to_leaf_torch(leaves: Leaves, ijk: torch.Tensor) -> torch.Tensor:
+    """int64 ``[M]`` index of the leaf holding each voxel of int64 ``[M, 3]`` ``ijk``; -1 where absent."""
+    m = ijk.shape[0]
+    if m == 0 or leaves.keys.numel() == 0:
+        return torch.full((m,), -1, dtype=torch.int64, device=ijk.device)
+    return map_rows(lambda q: _leaf_lookup(leaves, q), ijk)
+
+
+def _leaf_lookup(leaves: Leaves, ijk: torch.Tensor) -> torch.Tensor:
+    ok = in_range(ijk)
+    safe = torch.where(ok[:, None], ijk, torch.zeros_like(ijk))
+    leaf = lookup_leaves(leaves.keys, encode_leaf_keys(safe >> 3))
+    return torch.where(ok, leaf, torch.full_like(leaf, -1))

@@ -129,6 +129,7 @@ def _ijk_to_index_kernel(
     AXB: tl.constexpr,
     N_ITER: tl.constexpr,
     BLOCK: tl.constexpr,
+    LEAF_ONLY: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     q = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -141,6 +142,9 @@ def _ijk_to_index_kernel(
     t = _find_tile(tkeys_ptr, n_tiles, tkey, ok, N_ITER)
     pos = (((i >> 3) & 3) << 4) | (((j >> 3) & 3) << 2) | ((k >> 3) & 3)
     leaf = _leaf_in_tile(t, pos, tmask_ptr, tstart_ptr)
+    if LEAF_ONLY:
+        tl.store(out_ptr + q, leaf, mask=inb)
+        return
     has = leaf >= 0
     off = ((i & 7) << 6) | ((j & 7) << 3) | (k & 7)
     w = off >> 6
@@ -156,7 +160,9 @@ def _ijk_to_index_kernel(
     tl.store(out_ptr + q, tl.where(active, rank, -1), mask=inb)
 
 
-def ijk_to_index_triton(leaves: Leaves, tiles: Tiles, ijk: torch.Tensor) -> torch.Tensor:
+def ijk_to_index_triton(
+    leaves: Leaves, tiles: Tiles, ijk: torch.Tensor, leaf_only: bool = False
+) -> torch.Tensor:
     from .keys import TILE_BIAS, VOXEL_LIMIT
 
     q = ijk.contiguous()
@@ -180,6 +186,7 @@ def ijk_to_index_triton(leaves: Leaves, tiles: Tiles, ijk: torch.Tensor) -> torc
         AXB=TILE_AXIS_BITS,
         N_ITER=_n_iter(tiles.keys.numel()),
         BLOCK=block,
+        LEAF_ONLY=leaf_only,
     )
     return out
 

@@ -1,0 +1,303 @@
+"""Map layers: an index grid of allocated 4^3 bricks, a leaf-level brick-slot table, and paged voxel pools.
+
+Why not sidecars in the grid's voxel order for the live map? Inserting a frame's voxels into a sorted
+grid shifts the order of every later voxel, so a per-frame ``inject_to`` copies the whole map (8 B per
+voxel each way, and twice the memory while it runs). Here the per-frame ``merge`` still produces a new
+``IndexGrid`` epoch, but what is injected into its order is the **leaf-level** slot table
+(``int32 [L, 8]``, 32 B per leaf = 1/512 of the voxels' bytes); voxel data lives in fixed brick slots of
+paged pools that never move. A frame's cost is its bricks plus a linear pass over the leaf topology
+(~100 B per leaf, see NOTES.md). Pools grow by whole pages, so memory peaks at steady state plus one
+page (no doubling copy). ``BrickLayer.voxel_view`` produces the classic (grid, sidecars in voxel order)
+view on demand.
+
+Conventions: voxel (i, j, k) lies in brick ``v >> 2`` (4^3 voxels, 8 per leaf); inside a leaf the brick
+index is ``((i>>2)&1)<<2 | ((j>>2)&1)<<1 | ((k>>2)&1)``; inside a brick the offset is
+``((i&3)<<4) | ((j&3)<<2) | (k&3)``. A pool entry is addressed by ``slot * 64 + offset``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .grid import IndexGrid
+from .kernels.bits import pack_bits
+from .kernels.keys import encode_leaf_keys
+
+BRICK_VOXELS = 64
+PAGE_BRICKS = 1 << 14  # 2^20 voxels per page
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One per-voxel field of a layer: dtype, trailing shape and the value of a fresh voxel."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...] = ()
+    fill: float = 0.0
+
+
+def brick_offsets(ijk: torch.Tensor) -> torch.Tensor:
+    """In-brick offset ``((i&3)<<4)|((j&3)<<2)|(k&3)`` of int64 ``[M, 3]`` voxels."""
+    return ((ijk[:, 0] & 3) << 4) | ((ijk[:, 1] & 3) << 2) | (ijk[:, 2] & 3)
+
+
+def brick_in_leaf(ijk: torch.Tensor) -> torch.Tensor:
+    """Brick index inside its leaf (0..7) of int64 ``[M, 3]`` voxel (or ``brick << 2``) coordinates."""
+    return (((ijk[:, 0] >> 2) & 1) << 2) | (((ijk[:, 1] >> 2) & 1) << 1) | ((ijk[:, 2] >> 2) & 1)
+
+
+class PagedPool:
+    """Brick storage for several fields, in pages of ``PAGE_BRICKS`` bricks that are never reallocated.
+
+    Slots are handed out from a free list first, then from the high-water mark.
+    """
+
+    def __init__(self, fields: dict[str, FieldSpec], device: torch.device, page_bricks: int = PAGE_BRICKS):
+        self.fields = dict(fields)
+        self.device = device
+        self.page_bricks = page_bricks
+        self.pages: dict[str, list[torch.Tensor]] = {k: [] for k in fields}
+        self.high_water = 0
+        self._free = torch.zeros(0, dtype=torch.int64, device=device)
+        self._tables: dict[str, torch.Tensor] | None = None
+
+    # -- capacity -----------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return len(next(iter(self.pages.values()), [])) * self.page_bricks
+
+    @property
+    def num_allocated(self) -> int:
+        return self.high_water - self._free.numel()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for pages in self.pages.values() for p in pages)
+
+    def _add_page(self) -> None:
+        for name, spec in self.fields.items():
+            page = torch.empty(
+                (self.page_bricks, BRICK_VOXELS, *spec.shape), dtype=spec.dtype, device=self.device
+            )
+            self.pages[name].append(page)
+        self._tables = None
+
+    def alloc(self, n: int) -> torch.Tensor:
+        """int64 ``[n]`` fresh slots, their voxels set to each field's fill value."""
+        if n <= 0:
+            return torch.zeros(0, dtype=torch.int64, device=self.device)
+        take = min(n, self._free.numel())
+        reused = self._free[self._free.numel() - take :]
+        self._free = self._free[: self._free.numel() - take]
+        fresh_n = n - take
+        while self.high_water + fresh_n > self.capacity:
+            self._add_page()
+        fresh = torch.arange(self.high_water, self.high_water + fresh_n, device=self.device)
+        self.high_water += fresh_n
+        slots = torch.cat((reused, fresh))
+        for name, spec in self.fields.items():
+            self.fill_slots(name, slots, spec.fill)
+        return slots
+
+    def release(self, slots: torch.Tensor) -> None:
+        """Return slots to the free list (their contents become garbage)."""
+        if slots.numel():
+            self._free = torch.cat((self._free, slots.to(torch.int64)))
+
+    # -- access (torch path; Triton kernels use ``page_table``) ---------------------------------------
+    def page_table(self, name: str) -> torch.Tensor:
+        """int64 ``[pages]``: data pointers of the field's pages (for Triton kernels)."""
+        if self._tables is None:
+            self._tables = {
+                k: torch.tensor([p.data_ptr() for p in v], dtype=torch.int64, device=self.device)
+                for k, v in self.pages.items()
+            }
+        return self._tables[name]
+
+    def _groups(self, slots: torch.Tensor):
+        """(page, selector) pairs covering ``slots`` (selector None = all)."""
+        if len(self.pages[next(iter(self.fields))]) == 1 or slots.numel() == 0:
+            yield 0, None
+            return
+        page = slots // self.page_bricks
+        for p in torch.unique(page).tolist():
+            yield p, (page == p).nonzero().squeeze(1)
+
+    def gather(self, name: str, slots: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        """Values of ``name`` at (slot, offset) pairs (``[M, *C]``), or whole bricks (``[M, 64, *C]``)."""
+        spec = self.fields[name]
+        shape = (slots.numel(), *(() if offsets is not None else (BRICK_VOXELS,)), *spec.shape)
+        out = torch.empty(shape, dtype=spec.dtype, device=self.device)
+        for p, sel in self._groups(slots):
+            s = slots if sel is None else slots[sel]
+            o = None if offsets is None else (offsets if sel is None else offsets[sel])
+            local = s - p * self.page_bricks
+            vals = self.pages[name][p][local] if o is None else self.pages[name][p][local, o]
+            if sel is None:
+                out = vals
+            else:
+                out[sel] = vals
+        return out
+
+    def scatter(
+        self, name: str, slots: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor | None = None
+    ):
+        """Write ``values`` at (slot, offset) pairs, or whole bricks when ``offsets`` is None."""
+        for p, sel in self._groups(slots):
+            s = slots if sel is None else slots[sel]
+            v = values if sel is None else values[sel]
+            local = s - p * self.page_bricks
+            if offsets is None:
+                self.pages[name][p][local] = v.to(self.fields[name].dtype)
+            else:
+                o = offsets if sel is None else offsets[sel]
+                self.pages[name][p][local, o] = v.to(self.fields[name].dtype)
+
+    def fill_slots(self, name: str, slots: torch.Tensor, value) -> None:
+        for p, sel in self._groups(slots):
+            s = slots if sel is None else slots[sel]
+            self.pages[name][p][s - p * self.page_bricks] = value
+
+
+_BRICK_PATTERNS: dict[torch.device, torch.Tensor] = {}
+
+
+def _brick_bits(device: torch.device) -> torch.Tensor:
+    """bool ``[8, 512]``: the voxels of each brick of a leaf."""
+    t = _BRICK_PATTERNS.get(device)
+    if t is None:
+        off = torch.arange(512)
+        i, j, k = off >> 6, (off >> 3) & 7, off & 7
+        b = ((i >> 2) << 2) | ((j >> 2) << 1) | (k >> 2)
+        t = (b[None, :] == torch.arange(8)[:, None]).to(device)
+        _BRICK_PATTERNS[device] = t
+    return t
+
+
+def bricks_grid(brick_ijk: torch.Tensor) -> tuple[IndexGrid, torch.Tensor, torch.Tensor]:
+    """Grid of all voxels of the given unique bricks (int64 ``[M, 3]`` brick coordinates ``v >> 2``).
+
+    Returns the grid, and for every brick its leaf index in the grid and its brick index in the leaf.
+    """
+    dev = brick_ijk.device
+    if brick_ijk.shape[0] == 0:
+        return (
+            IndexGrid.empty(dev),
+            torch.zeros(0, dtype=torch.int64, device=dev),
+            torch.zeros(0, dtype=torch.int64, device=dev),
+        )
+    keys, inv = torch.unique(encode_leaf_keys(brick_ijk >> 1), return_inverse=True)
+    b = brick_in_leaf(brick_ijk << 2)
+    present = torch.zeros((keys.numel(), 8), dtype=torch.bool, device=dev)
+    present[inv, b] = True
+    bits = (present[:, :, None] & _brick_bits(dev)[None]).any(dim=1)
+    return IndexGrid._from_leaves(keys, pack_bits(bits)), inv, b
+
+
+class BrickLayer:
+    """A map layer: which bricks exist (``grid``) and where their voxels live (``slots`` into ``pool``)."""
+
+    def __init__(self, fields: dict[str, FieldSpec], device: torch.device, page_bricks: int = PAGE_BRICKS):
+        self.device = device
+        self.grid = IndexGrid.empty(device)
+        self.slots = torch.zeros((0, 8), dtype=torch.int32, device=device)
+        self.pool = PagedPool(fields, device, page_bricks)
+        self.version = 0
+
+    @property
+    def num_bricks(self) -> int:
+        return self.pool.num_allocated
+
+    @property
+    def nbytes(self) -> int:
+        return self.grid.nbytes + self.slots.numel() * self.slots.element_size() + self.pool.nbytes
+
+    # -- grow / merge / inject ------------------------------------------------------------------------
+    def allocate(self, brick_ijk: torch.Tensor) -> torch.Tensor:
+        """Make sure the bricks (unique int64 ``[M, 3]``) exist; return their slots (int64 ``[M]``).
+
+        grow: the shell grid of the bricks; merge: into the layer's grid (a new epoch, linear in the
+        leaves); inject: the leaf-level slot table into the new leaf order; new bricks get fresh slots.
+        """
+        m = brick_ijk.shape[0]
+        if m == 0:
+            return torch.zeros(0, dtype=torch.int64, device=self.device)
+        shell, leaf_of, b = bricks_grid(brick_ijk)
+        merged, pos_old, pos_shell = self.grid.merged_grid_with_positions(shell)
+        slots = self.slots
+        if merged.num_leaves != self.grid.num_leaves:
+            slots = torch.full((merged.num_leaves, 8), -1, dtype=torch.int32, device=self.device)
+            slots[pos_old] = self.slots
+        leaf = pos_shell[leaf_of]
+        cur = slots[leaf, b]
+        missing = cur < 0
+        n_new = int(missing.sum())
+        if n_new:
+            fresh = self.pool.alloc(n_new)
+            cur = cur.to(torch.int64)
+            cur[missing] = fresh
+            slots[leaf[missing], b[missing]] = fresh.to(torch.int32)
+        self.grid, self.slots = merged, slots
+        self.version += 1
+        return cur.to(torch.int64)
+
+    # -- lookup ---------------------------------------------------------------------------------------
+    def voxel_slots(self, ijk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slot int64, offset int64) of int64 ``[M, 3]`` voxels; slot -1 where the brick is absent."""
+        leaf = self.grid.ijk_to_leaf(ijk)
+        b = brick_in_leaf(ijk)
+        slot = torch.where(
+            leaf >= 0, self.slots[leaf.clamp(min=0), b].to(torch.int64), torch.full_like(leaf, -1)
+        )
+        return slot, brick_offsets(ijk)
+
+    def brick_table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All allocated bricks: (brick coordinates int64 ``[B, 3]``, slots int64 ``[B]``), leaf order."""
+        if self.grid.num_leaves == 0:
+            z = torch.zeros(0, dtype=torch.int64, device=self.device)
+            return z.reshape(0, 3), z
+        leaf, b = (self.slots >= 0).nonzero(as_tuple=True)
+        lc = self.grid.leaf_ijk.to(torch.int64)[leaf]
+        bc = lc * 2 + torch.stack(((b >> 2) & 1, (b >> 1) & 1, b & 1), dim=1)
+        return bc, self.slots[leaf, b].to(torch.int64)
+
+    # -- removal --------------------------------------------------------------------------------------
+    def release_bricks(self, drop: torch.Tensor) -> None:
+        """Free the bricks flagged in bool ``[L, 8]`` ``drop`` and prune them from the grid."""
+        drop = drop & (self.slots >= 0)
+        if not bool(drop.any()):
+            return
+        self.pool.release(self.slots[drop].to(torch.int64))
+        slots = self.slots.clone()
+        slots[drop] = -1
+        keep_leaf = (slots >= 0).any(dim=1)
+        # voxel-level keep mask in voxel order: a voxel stays iff its brick stays
+        bbits = _brick_bits(self.device)
+        leaf_keep_bits = ((slots >= 0)[:, :, None] & bbits[None]).any(dim=1)  # [L, 512]
+        from .kernels.bits import unpack_bits
+
+        active = unpack_bits(self.grid.leaves.masks)
+        keep = leaf_keep_bits[active]
+        self.grid = self.grid.pruned_grid(keep)
+        self.slots = slots[keep_leaf].contiguous()
+        self.version += 1
+
+    def clear(self) -> None:
+        self.release_bricks(torch.ones_like(self.slots, dtype=torch.bool))
+
+    # -- views ----------------------------------------------------------------------------------------
+    def voxel_view(self, names) -> tuple[IndexGrid, dict[str, torch.Tensor]]:
+        """The layer as (grid of all allocated voxels, {field: tensor [N, *C] in the grid's voxel order})."""
+        g = self.grid
+        if g.num_voxels == 0:
+            return g, {
+                n: torch.zeros(
+                    (0, *self.pool.fields[n].shape), dtype=self.pool.fields[n].dtype, device=self.device
+                )
+                for n in names
+            }
+        ijk = g.ijk.to(torch.int64)
+        slot, off = self.voxel_slots(ijk)
+        return g, {n: self.pool.gather(n, slot, off) for n in names}
