@@ -9,11 +9,13 @@ from .errors import (
     NotFound,
 )
 from .grid import IndexGrid
+from .map import Map
 
 __all__ = [
     "CapacityExceeded",
     "Conflict",
     "IndexGrid",
+    "Map",
     "InvalidArgument",
     "InvalidArgumentType",
     "MapperError",

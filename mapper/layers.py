@@ -205,6 +205,7 @@ class BrickLayer:
         self.slots = torch.zeros((0, 8), dtype=torch.int32, device=device)
         self.pool = PagedPool(fields, device, page_bricks)
         self.version = 0
+        self.last_bricks = torch.zeros((0, 3), dtype=torch.int64, device=device)
 
     @property
     def num_bricks(self) -> int:
@@ -222,6 +223,7 @@ class BrickLayer:
         leaves); inject: the leaf-level slot table into the new leaf order; new bricks get fresh slots.
         """
         m = brick_ijk.shape[0]
+        self.last_bricks = brick_ijk
         if m == 0:
             return torch.zeros(0, dtype=torch.int64, device=self.device)
         shell, leaf_of, b = bricks_grid(brick_ijk)

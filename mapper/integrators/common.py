@@ -1,0 +1,177 @@
+"""Building blocks shared by the integrators: input checks, ray traversal, de-duplication, aggregation.
+
+All functions are pure torch (the reference, and the CPU path); they run on CPU and CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._validation import as_tensor
+from ..errors import InvalidArgument, InvalidArgumentType
+from ..kernels.chunks import row_slices
+
+# voxel keys for aggregation: 21 bits per axis, biased (voxel coordinates within +-2^20 of the origin)
+KEY_BITS = 21
+KEY_BIAS = 1 << 20
+KEY_LIMIT = 1 << 20
+
+
+# ------------------------------------------------------------------------------------------- checks
+def check_pose(name: str, T, device: torch.device) -> torch.Tensor:
+    """A rigid 4x4 transform (numpy/torch/list of 16) -> float64 ``[4, 4]`` on ``device``."""
+    t = as_tensor(name, T)
+    if not (t.is_floating_point() or t.dtype in (torch.int32, torch.int64)):
+        raise InvalidArgumentType(f"{name}: expected a float 4x4 matrix, got dtype {t.dtype}")
+    t = t.to(torch.float64)
+    if t.numel() == 16 and t.dim() == 1:
+        t = t.reshape(4, 4)
+    if tuple(t.shape) != (4, 4):
+        raise InvalidArgument(f"{name}: expected shape [4, 4] (or 16 row-major values), got {list(t.shape)}")
+    if not bool(torch.isfinite(t).all()):
+        raise InvalidArgument(f"{name}: contains NaN or Inf")
+    R = t[:3, :3]
+    if not torch.allclose(R @ R.T, torch.eye(3, dtype=torch.float64), atol=1e-3) or float(torch.det(R)) < 0:
+        raise InvalidArgument(f"{name}: the rotation block is not a rotation (R R^T != I or det < 0)")
+    if not torch.allclose(t[3], torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64), atol=1e-6):
+        raise InvalidArgument(f"{name}: last row must be [0, 0, 0, 1]")
+    return t.to(device)
+
+
+def check_intrinsics(name: str, K, device: torch.device) -> torch.Tensor:
+    """Pinhole intrinsics as a 3x3 matrix or [fx, fy, cx, cy] -> float64 ``[3, 3]``."""
+    t = as_tensor(name, K).to(torch.float64)
+    if t.numel() == 4 and t.dim() == 1:
+        fx, fy, cx, cy = t.tolist()
+        t = torch.tensor([[fx, 0, cx], [0, fy, cy], [0, 0, 1]], dtype=torch.float64)
+    if tuple(t.shape) != (3, 3):
+        raise InvalidArgument(f"{name}: expected shape [3, 3] or [fx, fy, cx, cy], got {list(t.shape)}")
+    if not bool(torch.isfinite(t).all()) or t[0, 0] <= 0 or t[1, 1] <= 0:
+        raise InvalidArgument(f"{name}: focal lengths must be positive and finite")
+    return t.to(device)
+
+
+def check_points(name: str, pts, device: torch.device) -> torch.Tensor:
+    """``[N, 3]`` or ``[N, 4]`` float points -> float32 ``[N, 3]`` on ``device`` (extra columns dropped)."""
+    t = as_tensor(name, pts)
+    if not t.is_floating_point():
+        raise InvalidArgumentType(f"{name}: expected a float array, got dtype {t.dtype}")
+    if t.dim() != 2 or t.shape[1] not in (3, 4):
+        raise InvalidArgument(f"{name}: expected shape [N, 3] or [N, 4], got {list(t.shape)}")
+    return t[:, :3].to(device=device, dtype=torch.float32)
+
+
+def check_depth(name: str, depth, device: torch.device) -> torch.Tensor:
+    t = as_tensor(name, depth)
+    if not t.is_floating_point():
+        raise InvalidArgumentType(f"{name}: expected float metres, got dtype {t.dtype}")
+    if t.dim() != 2 or t.shape[0] == 0 or t.shape[1] == 0:
+        raise InvalidArgument(f"{name}: expected shape [H, W], got {list(t.shape)}")
+    return t.to(device=device, dtype=torch.float32)
+
+
+def check_color(name: str, color, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+    t = as_tensor(name, color)
+    if t.dtype != torch.uint8:
+        raise InvalidArgumentType(f"{name}: expected uint8 RGB, got dtype {t.dtype}")
+    if tuple(t.shape) != (shape[0], shape[1], 3):
+        raise InvalidArgument(f"{name}: expected shape [{shape[0]}, {shape[1]}, 3], got {list(t.shape)}")
+    return t.to(device)
+
+
+# --------------------------------------------------------------------------------------- keys
+def voxel_keys(ijk: torch.Tensor) -> torch.Tensor:
+    """int64 keys of int64 ``[M, 3]`` voxels with ``|v| < 2^20`` (callers filter with ``in_key_range``)."""
+    b = ijk + KEY_BIAS
+    return (b[:, 0] << (2 * KEY_BITS)) | (b[:, 1] << KEY_BITS) | b[:, 2]
+
+
+def keys_to_ijk(keys: torch.Tensor) -> torch.Tensor:
+    m = (1 << KEY_BITS) - 1
+    return torch.stack(((keys >> (2 * KEY_BITS)) & m, (keys >> KEY_BITS) & m, keys & m), dim=1) - KEY_BIAS
+
+
+def in_key_range(ijk: torch.Tensor) -> torch.Tensor:
+    return ((ijk >= -KEY_LIMIT + 8) & (ijk < KEY_LIMIT - 8)).all(dim=-1)
+
+
+def unique_voxels(ijk: torch.Tensor, max_dense_cells: int = 1 << 26) -> torch.Tensor:
+    """Sorted-by-key unique rows of int64 ``[M, 3]`` voxel/brick coordinates.
+
+    When the set's bounding box is small (``<= max_dense_cells`` cells) the de-duplication scatters
+    into a dense bitmap over the box (linear time); otherwise it sorts keys.
+    """
+    if ijk.shape[0] == 0:
+        return ijk.reshape(0, 3)
+    lo = ijk.min(dim=0).values
+    ext = ijk.max(dim=0).values - lo + 1
+    n_cells = int(ext.prod())
+    if n_cells <= max_dense_cells:
+        e1, e2 = int(ext[1]), int(ext[2])
+        rel = ijk - lo
+        flat = (rel[:, 0] * e1 + rel[:, 1]) * e2 + rel[:, 2]
+        seen = torch.zeros(n_cells, dtype=torch.bool, device=ijk.device)
+        seen[flat] = True
+        idx = seen.nonzero().squeeze(1)
+        a = idx // (e1 * e2)
+        r = idx % (e1 * e2)
+        return torch.stack((a, r // e2, r % e2), dim=1) + lo
+    return keys_to_ijk(torch.unique(voxel_keys(ijk)))
+
+
+def aggregate(ijk: torch.Tensor, values: torch.Tensor, weights: torch.Tensor | None = None):
+    """Per unique voxel of int64 ``[M, 3]`` ``ijk``: (unique voxels ``[U, 3]``, sum of ``values`` ``[U, *C]``,
+    sum of ``weights`` (or counts) ``[U]``)."""
+    keys, inv = torch.unique(voxel_keys(ijk), return_inverse=True)
+    w = torch.ones(ijk.shape[0], dtype=values.dtype, device=ijk.device) if weights is None else weights
+    wsum = torch.zeros(keys.numel(), dtype=values.dtype, device=ijk.device).index_add_(0, inv, w)
+    vsum = torch.zeros((keys.numel(), *values.shape[1:]), dtype=values.dtype, device=ijk.device)
+    vsum.index_add_(0, inv, values * (w if values.dim() == 1 else w[:, None]))
+    return keys_to_ijk(keys), vsum, wsum
+
+
+# ---------------------------------------------------------------------------------------- traversal
+def max_dda_steps(segment_length: float, cell: float) -> int:
+    """Upper bound on the cells a segment crosses (3 axes x crossings + the start cell)."""
+    return 3 * (math.ceil(segment_length / cell) + 1) + 1
+
+
+def dda(
+    origins: torch.Tensor, dirs: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, cell: float, max_steps: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cells crossed by the segments ``origins + t * dirs``, ``t in [t0, t1]`` (Amanatides-Woo).
+
+    Args: float64 ``[R, 3]`` origins and unit dirs, float64 ``[R]`` t0/t1, the cell size.
+    Returns: int64 ``[R, S, 3]`` cells, float64 ``[R, S]`` entry parameter t, bool ``[R, S]`` valid,
+    with ``S = max_steps``; each crossed cell appears once per ray, in order.
+    """
+    r = origins.shape[0]
+    p = origins + dirs * t0[:, None]
+    v = torch.floor(p / cell).to(torch.int64)
+    step = torch.sign(dirs).to(torch.int64)
+    pos = dirs > 0
+    boundary = (v + pos.to(torch.int64)).to(torch.float64) * cell
+    inv = torch.where(dirs != 0, 1.0 / dirs, torch.full_like(dirs, math.inf))
+    tmax = torch.where(dirs != 0, t0[:, None] + (boundary - p) * inv, torch.full_like(dirs, math.inf))
+    tdelta = torch.where(dirs != 0, cell * inv.abs(), torch.full_like(dirs, math.inf))
+    cells = torch.empty((r, max_steps, 3), dtype=torch.int64, device=origins.device)
+    tent = torch.empty((r, max_steps), dtype=torch.float64, device=origins.device)
+    t = t0.clone()
+    ar = torch.arange(r, device=origins.device)
+    for k in range(max_steps):
+        cells[:, k] = v
+        tent[:, k] = t
+        axis = tmax.argmin(dim=1)
+        t = tmax[ar, axis]
+        v[ar, axis] += step[ar, axis]
+        tmax[ar, axis] += tdelta[ar, axis]
+    valid = tent < t1[:, None]
+    valid[:, 0] |= t0 <= t1  # a zero-length segment still touches its cell
+    return cells, tent, valid
+
+
+def chunked_rays(n: int, device: torch.device, rows: int = 1 << 15):
+    """Ray chunks for the torch path (bounded temporaries on CPU, one chunk on CUDA)."""
+    return row_slices(n, device, cpu_rows=rows)

@@ -1,0 +1,229 @@
+"""Truncated signed distance integration: projective for depth images, along the ray for LiDAR.
+
+Per frame (both sensors): **grow** — the bricks the observation's truncation band touches; **merge +
+inject** — ``BrickLayer.allocate`` (new grid epoch, slot table injected, new bricks filled with
+tsdf = 0, weight = 0); **update** — a weighted running average, weight ``obs_weight`` per observation,
+capped at ``max_weight``; values in metres, truncated to ``+-tau``, positive in front of the surface.
+
+* LiDAR: every voxel crossed by the segment ``[r - tau, r + tau]`` of a ray (exact traversal) gets
+  ``sdf = r - |centre - origin|`` (VDBFusion's definition), kept where ``sdf >= -tau`` and clamped to
+  ``tau``; several rays hitting one voxel in a frame count as several observations.
+* Depth: the bricks crossed by each pixel's band are allocated, then every voxel of those bricks is
+  projected into the image (nearest pixel) and gets the projective distance ``depth - z``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..layers import BrickLayer, FieldSpec, brick_offsets
+from .common import (
+    aggregate,
+    chunked_rays,
+    dda,
+    in_key_range,
+    max_dda_steps,
+    unique_voxels,
+    voxel_keys,
+)
+
+
+@dataclass(frozen=True)
+class TsdfConfig:
+    voxel_size_m: float
+    truncation_vox: float = 3.0
+    obs_weight: float = 1.0
+    max_weight: float = 100.0
+    with_color: bool = False
+
+    @property
+    def tau(self) -> float:
+        return self.truncation_vox * self.voxel_size_m
+
+
+def tsdf_fields(cfg: TsdfConfig) -> dict[str, FieldSpec]:
+    """Per-voxel storage: fp16 tsdf (metres) and weight (4 B/voxel); colour adds uint8 RGB + fp16 weight."""
+    f = {"tsdf": FieldSpec(torch.float16, (), 0.0), "weight": FieldSpec(torch.float16, (), 0.0)}
+    if cfg.with_color:
+        f["color"] = FieldSpec(torch.uint8, (3,), 0)
+        f["color_weight"] = FieldSpec(torch.float16, (), 0.0)
+    return f
+
+
+# ---------------------------------------------------------------------------------------------- grow
+def lidar_band_samples(origin: torch.Tensor, points_w: torch.Tensor, cfg: TsdfConfig):
+    """Voxels in the truncation band of each return: (int64 ``[M, 3]``, float32 sdf ``[M]``)."""
+    s, tau = cfg.voxel_size_m, cfg.tau
+    steps = max_dda_steps(2 * tau, s)
+    out_ijk, out_sdf = [], []
+    for sl in chunked_rays(points_w.shape[0], points_w.device, rows=1 << 14):
+        p = points_w[sl].to(torch.float64)
+        d = p - origin
+        r = torch.linalg.vector_norm(d, dim=1)
+        dirs = d / r[:, None]
+        t0 = (r - tau).clamp(min=0.0)
+        t1 = r + tau
+        o = origin.expand(p.shape[0], 3)
+        cells, _, valid = dda(o, dirs, t0, t1, s, steps)
+        centres = (cells.to(torch.float64) + 0.5) * s
+        dist = torch.linalg.vector_norm(centres - origin, dim=2)
+        sdf = r[:, None] - dist
+        keep = valid & (sdf >= -tau)
+        out_ijk.append(cells[keep])
+        out_sdf.append(sdf[keep].clamp(max=tau).to(torch.float32))
+    ijk = torch.cat(out_ijk) if out_ijk else torch.zeros((0, 3), dtype=torch.int64, device=points_w.device)
+    sdf = torch.cat(out_sdf) if out_sdf else torch.zeros(0, dtype=torch.float32, device=points_w.device)
+    ok = in_key_range(ijk)
+    return ijk[ok], sdf[ok]
+
+
+def pixel_rays(depth: torch.Tensor, K: torch.Tensor, T: torch.Tensor, max_range_m: float):
+    """Valid pixels of a depth image as world rays: (pixel index ``[P]``, origin ``[3]``, unit dirs
+    ``[P, 3]``, range along the ray ``[P]``), float64."""
+    h, w = depth.shape
+    d = depth.reshape(-1)
+    ok = torch.isfinite(d) & (d > 0) & (d <= max_range_m)
+    idx = ok.nonzero().squeeze(1)
+    u = (idx % w).to(torch.float64)
+    v = (idx // w).to(torch.float64)
+    x = (u - K[0, 2]) / K[0, 0]
+    y = (v - K[1, 2]) / K[1, 1]
+    ray = torch.stack((x, y, torch.ones_like(x)), dim=1)
+    n = torch.linalg.vector_norm(ray, dim=1)
+    dirs = (ray / n[:, None]) @ T[:3, :3].T
+    return idx, T[:3, 3], dirs, d[idx].to(torch.float64) * n
+
+
+def depth_band_bricks(
+    depth: torch.Tensor, K: torch.Tensor, T: torch.Tensor, cfg: TsdfConfig, max_range_m: float
+):
+    """Unique bricks (int64 ``[B, 3]``, brick coordinates) crossed by the pixels' truncation bands."""
+    _, origin, dirs, rng = pixel_rays(depth, K, T, max_range_m)
+    bs = 4 * cfg.voxel_size_m
+    steps = max_dda_steps(2 * cfg.tau, bs)
+    parts = []
+    for sl in chunked_rays(rng.numel(), depth.device, rows=1 << 15):
+        r = rng[sl]
+        o = origin.expand(r.numel(), 3)
+        cells, _, valid = dda(o, dirs[sl], (r - cfg.tau).clamp(min=0.0), r + cfg.tau, bs, steps)
+        parts.append(cells[valid])
+    if not parts:
+        return torch.zeros((0, 3), dtype=torch.int64, device=depth.device)
+    bricks = torch.cat(parts)
+    bricks = bricks[in_key_range(bricks << 2)]
+    return unique_voxels(bricks)
+
+
+# -------------------------------------------------------------------------------------------- update
+def _slots_of(bricks: torch.Tensor, slots: torch.Tensor, voxels: torch.Tensor) -> torch.Tensor:
+    """Slot of each voxel's brick, given the unique bricks (sorted by key) and their slots."""
+    bk = voxel_keys(bricks)
+    order = torch.argsort(bk)
+    pos = torch.searchsorted(bk[order], voxel_keys(voxels >> 2))
+    return slots[order[pos]]
+
+
+def update_running_average(layer: BrickLayer, slot, off, obs_sum, w_sum, cfg: TsdfConfig) -> None:
+    """tsdf <- (tsdf * w + obs_sum) / (w + w_sum); w <- min(w + w_sum, max_weight)."""
+    t = layer.pool.gather("tsdf", slot, off).to(torch.float32)
+    w = layer.pool.gather("weight", slot, off).to(torch.float32)
+    wn = w + w_sum
+    t_new = (t * w + obs_sum) / wn.clamp(min=1e-12)
+    layer.pool.scatter("tsdf", slot, t_new.clamp(-cfg.tau, cfg.tau), off)
+    layer.pool.scatter("weight", slot, wn.clamp(max=cfg.max_weight), off)
+
+
+def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Tensor, cfg: TsdfConfig, timer):
+    """One LiDAR frame (world points, float64 origin ``[3]``) into a TSDF layer."""
+    with timer("grow"):
+        ijk, sdf = lidar_band_samples(origin, points_w, cfg)
+        if ijk.shape[0] == 0:
+            return 0
+        w = torch.full_like(sdf, cfg.obs_weight)
+        vox, sdf_sum, w_sum = aggregate(ijk, sdf, w)
+        bricks = unique_voxels(vox >> 2)
+    with timer("merge"):
+        slots = layer.allocate(bricks)
+    with timer("update"):
+        slot = _slots_of(bricks, slots, vox)
+        update_running_average(layer, slot, brick_offsets(vox), sdf_sum, w_sum, cfg)
+    return int(vox.shape[0])
+
+
+def integrate_depth(
+    layer: BrickLayer,
+    depth: torch.Tensor,
+    K: torch.Tensor,
+    T: torch.Tensor,
+    color: torch.Tensor | None,
+    cfg: TsdfConfig,
+    max_range_m: float,
+    timer,
+) -> int:
+    """One depth frame (metres, 0 = no return) into a TSDF layer (and its colour fields)."""
+    with timer("grow"):
+        bricks = depth_band_bricks(depth, K, T, cfg, max_range_m)
+        if bricks.shape[0] == 0:
+            return 0
+    with timer("merge"):
+        slots = layer.allocate(bricks)
+    with timer("update"):
+        return _project_update(layer, bricks, slots, depth, K, T, color, cfg, max_range_m)
+
+
+_LOCAL: dict[torch.device, torch.Tensor] = {}
+
+
+def _brick_local(device: torch.device) -> torch.Tensor:
+    """int64 ``[64, 3]`` voxel coordinates inside a brick, in brick-offset order."""
+    t = _LOCAL.get(device)
+    if t is None:
+        o = torch.arange(64)
+        t = torch.stack((o >> 4, (o >> 2) & 3, o & 3), dim=1).to(device)
+        _LOCAL[device] = t
+    return t
+
+
+def _project_update(layer, bricks, slots, depth, K, T, color, cfg, max_range_m) -> int:
+    h, w = depth.shape
+    s, tau = cfg.voxel_size_m, cfg.tau
+    R, t = T[:3, :3], T[:3, 3]
+    local = _brick_local(depth.device)
+    updated = 0
+    for sl in chunked_rays(bricks.shape[0], depth.device, rows=1 << 12):
+        vox = (bricks[sl] * 4)[:, None, :] + local[None]  # [B, 64, 3]
+        centres = (vox.to(torch.float64) + 0.5) * s
+        pc = (centres.reshape(-1, 3) - t) @ R  # world -> camera: R^T (p - t)
+        z = pc[:, 2]
+        zs = z.clamp(min=1e-9)
+        u = torch.floor(K[0, 0] * pc[:, 0] / zs + K[0, 2] + 0.5).to(torch.int64)
+        v = torch.floor(K[1, 1] * pc[:, 1] / zs + K[1, 2] + 0.5).to(torch.int64)
+        inside = (z > 0) & (u >= 0) & (u < w) & (v >= 0) & (v < h)
+        pix = v.clamp(0, h - 1) * w + u.clamp(0, w - 1)
+        d = depth.reshape(-1)[pix].to(torch.float64)
+        valid = inside & torch.isfinite(d) & (d > 0) & (d <= max_range_m)
+        sdf = d - z
+        upd = valid & (sdf >= -tau)
+        if not bool(upd.any()):
+            continue
+        idx = upd.nonzero().squeeze(1)
+        slot = slots[sl].repeat_interleave(64)[idx]
+        off = torch.arange(64, device=depth.device).repeat(vox.shape[0])[idx]
+        obs = sdf[idx].clamp(max=tau).to(torch.float32)
+        wt = torch.full_like(obs, cfg.obs_weight)
+        update_running_average(layer, slot, off, obs * wt, wt, cfg)
+        updated += idx.numel()
+        if color is not None and "color" in layer.pool.fields:
+            near = (sdf[idx].abs() < tau).nonzero().squeeze(1)
+            if near.numel():
+                cs, co = slot[near], off[near]
+                rgb = color.reshape(-1, 3)[pix[idx][near]].to(torch.float32)
+                c = layer.pool.gather("color", cs, co).to(torch.float32)
+                cw = layer.pool.gather("color_weight", cs, co).to(torch.float32)
+                wn = cw + cfg.obs_weight
+                c_new = (c * cw[:, None] + rgb * cfg.obs_weight) / wn[:, None]
+                layer.pool.scatter("color", cs, c_new.round().clamp(0, 255).to(torch.uint8), co)
+                layer.pool.scatter("color_weight", cs, wn.clamp(max=cfg.max_weight), co)
+    return updated

@@ -1,0 +1,407 @@
+"""``Map``: fuses depth images and LiDAR scans into sparse layers (TSDF + colour, occupancy, ESDF).
+
+Every layer is a :class:`~mapper.layers.BrickLayer`; each frame runs the same recipe per layer:
+grow (bricks touched by the observation) -> merge (new grid epoch) -> inject (slot table) -> update.
+See ``mapper/integrators`` for the per-layer semantics and NOTES.md for the design.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+
+import torch
+
+from . import _validation as v
+from .errors import InvalidArgument, InvalidArgumentType, NotFound
+from .grid import IndexGrid
+from .integrators import occupancy as occ
+from .integrators import tsdf
+from .integrators.common import check_color, check_depth, check_intrinsics, check_points, check_pose
+from .layers import BrickLayer, brick_offsets
+
+LAYERS = ("tsdf", "color", "occupancy", "esdf")
+
+
+class _StageTimer:
+    """Per-stage wall times of the last frame. On CUDA, events are recorded without synchronising and
+    resolved when ``stats()`` asks."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.pending: dict[str, list] = {}
+        self.last: dict[str, float] = {}
+
+    def reset(self) -> None:
+        self.pending = {}
+
+    @contextmanager
+    def __call__(self, stage: str):
+        if self.cuda:
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            a.record()
+            try:
+                yield
+            finally:
+                b.record()
+                self.pending.setdefault(stage, []).append((a, b))
+        else:
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.last[stage] = self.last.get(stage, 0.0) + (time.perf_counter() - t0) * 1e3
+
+    def begin_frame(self) -> None:
+        self.pending = {}
+        self.last = {}
+
+    def resolve(self) -> dict[str, float]:
+        if self.cuda and self.pending:
+            torch.cuda.synchronize()
+            self.last = {k: sum(a.elapsed_time(b) for a, b in pairs) for k, pairs in self.pending.items()}
+            self.pending = {}
+        return dict(self.last)
+
+
+def _positive(name: str, x, allow_none: bool = False) -> float | None:
+    if x is None and allow_none:
+        return None
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise InvalidArgumentType(f"{name}: expected a number, got {type(x).__name__}")
+    if not math.isfinite(x) or x <= 0:
+        raise InvalidArgument(f"{name}: expected a finite value > 0, got {x}")
+    return float(x)
+
+
+class Map:
+    """A sparse multi-layer map.
+
+    Args:
+        voxel_size_m: edge of a voxel in metres (all layers).
+        layers: any of ``"tsdf"``, ``"color"`` (needs tsdf), ``"occupancy"``, ``"esdf"`` (needs tsdf or
+            occupancy for its surface sites).
+        device: ``"cpu"``, ``"cuda"``, or None (CUDA when available).
+        truncation_vox: TSDF truncation distance in voxels.
+        esdf_max_distance_m: distances beyond this are reported as this value.
+        max_range_m: returns beyond this range are dropped before anything is allocated.
+        tsdf_max_weight, tsdf_obs_weight: weight cap and per-observation weight of the running average.
+        occupancy: optional dict of ``OccupancyConfig`` fields (``l_hit``, ``l_miss``, ``clamp_min``, ...).
+    """
+
+    def __init__(
+        self,
+        voxel_size_m: float,
+        layers=("tsdf", "esdf"),
+        device: str | torch.device | None = None,
+        truncation_vox: float = 3.0,
+        esdf_max_distance_m: float = 2.0,
+        max_range_m: float = 100.0,
+        tsdf_max_weight: float = 100.0,
+        tsdf_obs_weight: float = 1.0,
+        occupancy: dict | None = None,
+    ):
+        self.voxel_size_m = _positive("voxel_size_m", voxel_size_m)
+        if isinstance(layers, str):
+            layers = (layers,)
+        layers = tuple(layers)
+        for name in layers:
+            if name not in LAYERS:
+                raise InvalidArgument(f"layers: unknown layer {name!r}; expected some of {LAYERS}")
+        if "color" in layers and "tsdf" not in layers:
+            raise InvalidArgument("layers: 'color' needs 'tsdf'")
+        if "esdf" in layers and not ({"tsdf", "occupancy"} & set(layers)):
+            raise InvalidArgument("layers: 'esdf' needs 'tsdf' or 'occupancy' for its surface")
+        self.layers = layers
+        self.device = v.resolve_device(device)
+        self.max_range_m = _positive("max_range_m", max_range_m)
+        self.esdf_max_distance_m = _positive("esdf_max_distance_m", esdf_max_distance_m)
+        self.tsdf_config = tsdf.TsdfConfig(
+            self.voxel_size_m,
+            _positive("truncation_vox", truncation_vox),
+            _positive("tsdf_obs_weight", tsdf_obs_weight),
+            _positive("tsdf_max_weight", tsdf_max_weight),
+            with_color="color" in layers,
+        )
+        try:
+            self.occupancy_config = occ.OccupancyConfig(self.voxel_size_m, **(occupancy or {}))
+        except TypeError as e:
+            raise InvalidArgument(f"occupancy: {e}") from None
+        self._tsdf = BrickLayer(tsdf.tsdf_fields(self.tsdf_config), self.device) if "tsdf" in layers else None
+        self._occ = BrickLayer(occ.occupancy_fields(), self.device) if "occupancy" in layers else None
+        self._esdf = None
+        if "esdf" in layers:
+            from .integrators.esdf import EsdfIntegrator
+
+            self._esdf = EsdfIntegrator(self.voxel_size_m, self.esdf_max_distance_m, self.device)
+        self.frames_integrated = 0
+        self.version = 0
+        self._timer = _StageTimer(self.device)
+        self._dirty_bricks: list[torch.Tensor] = []
+
+    # ----------------------------------------------------------------------------------- integration
+    def _begin(self):
+        self._timer.begin_frame()
+
+    def _end(self, touched: list[torch.Tensor]) -> None:
+        self.frames_integrated += 1
+        self.version += 1
+        if self._esdf is not None:
+            self._dirty_bricks.extend(t for t in touched if t.numel())
+
+    def integrate_lidar(self, points_sensor, T_world_sensor) -> dict:
+        """Fuse one LiDAR scan.
+
+        Args:
+            points_sensor: ``[N, 3]`` (or ``[N, 4]`` with intensity) float returns in the sensor frame.
+            T_world_sensor: ``[4, 4]`` sensor-to-world transform; the sensor origin is its translation.
+        Returns: ``{"points_used", "points_dropped"}``.
+        """
+        T = check_pose("T_world_sensor", T_world_sensor, self.device)
+        pts = check_points("points_sensor", points_sensor, self.device)
+        r = torch.linalg.vector_norm(pts, dim=1)
+        ok = torch.isfinite(pts).all(dim=1) & (r > 1e-6) & (r <= self.max_range_m)
+        pts = pts[ok].to(torch.float64)
+        used = int(pts.shape[0])
+        self._begin()
+        touched = []
+        if used:
+            world = pts @ T[:3, :3].T + T[:3, 3]
+            origin = T[:3, 3]
+            if self._tsdf is not None:
+                tsdf.integrate_lidar(self._tsdf, origin, world, self.tsdf_config, self._timer)
+                touched.append(self._last_bricks(self._tsdf))
+            if self._occ is not None:
+                d = world - origin
+                rng = torch.linalg.vector_norm(d, dim=1)
+                occ.integrate_rays(
+                    self._occ,
+                    origin,
+                    d / rng[:, None],
+                    rng,
+                    torch.ones_like(rng, dtype=torch.bool),
+                    self.occupancy_config,
+                    self._timer,
+                )
+                touched.append(self._last_bricks(self._occ))
+        self._end(touched)
+        return {"points_used": used, "points_dropped": int(ok.numel() - used)}
+
+    def integrate_depth(self, depth_m, K, T_world_sensor, color=None) -> dict:
+        """Fuse one depth image.
+
+        Args:
+            depth_m: ``[H, W]`` float depth in metres along the optical axis, 0 = no return.
+            K: ``[3, 3]`` pinhole intrinsics (or ``[fx, fy, cx, cy]``).
+            T_world_sensor: ``[4, 4]`` camera-to-world, OpenCV axes (x right, y down, z forward).
+            color: optional ``[H, W, 3]`` uint8 RGB aligned with the depth (needs the "color" layer).
+        Returns: ``{"points_used", "points_dropped"}`` (pixels).
+        """
+        T = check_pose("T_world_sensor", T_world_sensor, self.device)
+        Kt = check_intrinsics("K", K, self.device)
+        depth = check_depth("depth_m", depth_m, self.device)
+        col = None
+        if color is not None:
+            col = check_color("color", color, tuple(depth.shape), self.device)
+        d = depth.reshape(-1)
+        ok = torch.isfinite(d) & (d > 0) & (d <= self.max_range_m)
+        used = int(ok.sum())
+        self._begin()
+        touched = []
+        if used:
+            if self._tsdf is not None:
+                tsdf.integrate_depth(
+                    self._tsdf, depth, Kt, T, col, self.tsdf_config, self.max_range_m, self._timer
+                )
+                touched.append(self._last_bricks(self._tsdf))
+            if self._occ is not None:
+                idx, origin, dirs, rng = tsdf.pixel_rays(depth, Kt, T, self.max_range_m)
+                occ.integrate_rays(
+                    self._occ,
+                    origin,
+                    dirs,
+                    rng,
+                    torch.ones_like(rng, dtype=torch.bool),
+                    self.occupancy_config,
+                    self._timer,
+                )
+                touched.append(self._last_bricks(self._occ))
+        self._end(touched)
+        return {"points_used": used, "points_dropped": int(d.numel() - used)}
+
+    def _last_bricks(self, layer: BrickLayer) -> torch.Tensor:
+        """Bricks touched by the last allocate (recorded by the layer)."""
+        return layer.last_bricks
+
+    # ------------------------------------------------------------------------------------------ ESDF
+    def update_esdf(self) -> dict:
+        """Bring the ESDF up to date with the surface; recomputes only the region the frames since the
+        last call could change (nothing when nothing changed)."""
+        if self._esdf is None:
+            raise NotFound("layer 'esdf' is not enabled on this map")
+        dirty = self._dirty_bricks
+        self._dirty_bricks = []
+        with self._timer("esdf"):
+            return self._esdf.update(self._tsdf, self._occ, dirty, self.tsdf_config)
+
+    # --------------------------------------------------------------------------------- maintenance
+    def _brick_layers(self):
+        return [(n, la) for n, la in (("tsdf", self._tsdf), ("occupancy", self._occ)) if la is not None]
+
+    def decay(self, factor: float = 0.5, threshold: float = 0.05) -> dict:
+        """Fade old observations: weights (TSDF) and |log-odds| (occupancy) are multiplied by ``factor``;
+        voxels whose weight (|log-odds|) falls below ``threshold`` become unobserved, bricks with no
+        observed voxel are freed and pruned from the grid."""
+        f = _positive("factor", factor)
+        if f > 1:
+            raise InvalidArgument(f"factor: expected a value in (0, 1], got {factor}")
+        th = float(threshold)
+        if not math.isfinite(th) or th < 0:
+            raise InvalidArgument(f"threshold: expected a finite value >= 0, got {threshold}")
+        freed = {}
+        for name, layer in self._brick_layers():
+            bricks, slots = layer.brick_table()
+            if slots.numel() == 0:
+                continue
+            if name == "tsdf":
+                w = layer.pool.gather("weight", slots).to(torch.float32) * f
+                dead = w < th
+                w = torch.where(dead, torch.zeros_like(w), w)
+                t = torch.where(dead, torch.zeros_like(w), layer.pool.gather("tsdf", slots).to(torch.float32))
+                layer.pool.scatter("weight", slots, w)
+                layer.pool.scatter("tsdf", slots, t)
+                if "color_weight" in layer.pool.fields:
+                    cw = layer.pool.gather("color_weight", slots).to(torch.float32) * f
+                    layer.pool.scatter("color_weight", slots, torch.where(dead, torch.zeros_like(cw), cw))
+                alive = ~dead.all(dim=1)
+            else:
+                lo = layer.pool.gather("log_odds", slots).to(torch.float32) * f
+                lo = torch.where(lo.abs() < th, torch.full_like(lo, float("nan")), lo)
+                layer.pool.scatter("log_odds", slots, lo)
+                alive = ~torch.isnan(lo).all(dim=1)
+            freed[name] = self._free_bricks(layer, bricks, ~alive)
+        self.version += 1
+        return {"bricks_freed": freed}
+
+    def _free_bricks(self, layer: BrickLayer, bricks: torch.Tensor, drop: torch.Tensor) -> int:
+        n = int(drop.sum())
+        if n:
+            if self._esdf is not None:
+                self._dirty_bricks.append(bricks[drop])
+            leaf = layer.grid.ijk_to_leaf(bricks[drop] << 2)
+            from .layers import brick_in_leaf
+
+            mask = torch.zeros_like(layer.slots, dtype=torch.bool)
+            mask[leaf, brick_in_leaf(bricks[drop] << 2)] = True
+            layer.release_bricks(mask)
+        return n
+
+    def _reset_voxels(self, layer: BrickLayer, name: str, slots, off) -> None:
+        if name == "tsdf":
+            for f in ("tsdf", "weight", "color_weight"):
+                if f in layer.pool.fields:
+                    layer.pool.scatter(f, slots, torch.zeros(slots.numel(), device=self.device), off)
+        else:
+            layer.pool.scatter(
+                "log_odds", slots, torch.full((slots.numel(),), float("nan"), device=self.device), off
+            )
+
+    def _clear_where(self, inside_fn) -> dict:
+        """Remove voxels where ``inside_fn(world centres [M, 3]) -> bool`` holds."""
+        s = self.voxel_size_m
+        freed = {}
+        for name, layer in self._brick_layers():
+            bricks, slots = layer.brick_table()
+            if slots.numel() == 0:
+                continue
+            local = torch.stack(
+                torch.meshgrid(*(torch.arange(4, device=self.device),) * 3, indexing="ij"), -1
+            )
+            vox = bricks[:, None, :] * 4 + local.reshape(1, 64, 3)
+            centres = (vox.to(torch.float64) + 0.5) * s
+            inside = inside_fn(centres.reshape(-1, 3)).reshape(-1, 64)
+            full = inside.all(dim=1)
+            part = inside & ~full[:, None]
+            if bool(part.any()):
+                b, o = part.nonzero(as_tuple=True)
+                self._reset_voxels(layer, name, slots[b], brick_offsets(vox[b, o]))
+                if self._esdf is not None:
+                    self._dirty_bricks.append(bricks[part.any(dim=1)])
+            freed[name] = self._free_bricks(layer, bricks, full)
+        self.version += 1
+        return {"bricks_freed": freed}
+
+    def clear(self, aabb_min=None, aabb_max=None) -> dict:
+        """Remove the voxels whose centres lie in the box ``[aabb_min, aabb_max]`` (metres); no box = all."""
+        if aabb_min is None and aabb_max is None:
+            return self._clear_where(lambda c: torch.ones(c.shape[0], dtype=torch.bool, device=c.device))
+        lo = self._vec3("aabb_min", aabb_min)
+        hi = self._vec3("aabb_max", aabb_max)
+        if bool((lo > hi).any()):
+            raise InvalidArgument("aabb_min: must be <= aabb_max on every axis")
+        return self._clear_where(lambda c: ((c >= lo) & (c <= hi)).all(dim=1))
+
+    def clear_outside(self, center_m, radius_m) -> dict:
+        """Keep only voxels whose centres lie within ``radius_m`` of ``center_m`` (bounded memory)."""
+        c0 = self._vec3("center_m", center_m)
+        r = _positive("radius_m", radius_m)
+        return self._clear_where(lambda c: torch.linalg.vector_norm(c - c0, dim=1) > r)
+
+    def _vec3(self, name: str, x) -> torch.Tensor:
+        if x is None:
+            raise InvalidArgument(f"{name}: required")
+        t = v.as_tensor(name, x).to(torch.float64).reshape(-1)
+        if t.numel() != 3 or not bool(torch.isfinite(t).all()):
+            raise InvalidArgument(f"{name}: expected 3 finite numbers")
+        return t.to(self.device)
+
+    # ---------------------------------------------------------------------------------------- views
+    def layer(self, name: str) -> tuple[IndexGrid, dict[str, torch.Tensor]]:
+        """(grid, sidecars) of a layer in the grid's voxel order: a copy of the current epoch.
+
+        tsdf -> {"tsdf" (m), "weight"}; color -> {"color" uint8 [N, 3], "weight"}; occupancy ->
+        {"log_odds" (NaN = unknown)}; esdf -> {"esdf" (m), "observed" bool}.
+        """
+        if name not in self.layers:
+            raise NotFound(f"layer {name!r} is not enabled on this map (layers: {self.layers})")
+        if name == "tsdf":
+            g, d = self._tsdf.voxel_view(["tsdf", "weight"])
+            return g, {"tsdf": d["tsdf"].float(), "weight": d["weight"].float()}
+        if name == "color":
+            g, d = self._tsdf.voxel_view(["color", "color_weight"])
+            return g, {"color": d["color"], "weight": d["color_weight"].float()}
+        if name == "occupancy":
+            g, d = self._occ.voxel_view(["log_odds"])
+            return g, {"log_odds": d["log_odds"].float()}
+        return self._esdf.view()
+
+    def stats(self) -> dict:
+        """Voxels and bytes per layer, frames integrated, last per-stage timings (ms)."""
+        layers = {}
+        for name, layer in self._brick_layers():
+            layers[name] = {
+                "voxels": layer.grid.num_voxels,
+                "bricks": layer.num_bricks,
+                "bytes": layer.nbytes,
+                "topology_bytes": layer.grid.nbytes + layer.slots.numel() * 4,
+            }
+            if name == "tsdf":
+                _, slots = layer.brick_table()
+                w = (
+                    layer.pool.gather("weight", slots)
+                    if slots.numel()
+                    else torch.zeros(0, device=self.device)
+                )
+                layers[name]["observed_voxels"] = int((w > 0).sum())
+        if self._esdf is not None:
+            layers["esdf"] = self._esdf.stats()
+        return {
+            "voxel_size_m": self.voxel_size_m,
+            "device": str(self.device),
+            "frames_integrated": self.frames_integrated,
+            "version": self.version,
+            "layers": layers,
+            "timings_ms": self._timer.resolve(),
+        }
