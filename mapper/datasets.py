@@ -86,3 +86,126 @@ class NorlabLidar:
             "T_world_sensor": self._poses[key],
             "timestamp": key[0] + key[1] * 1e-9,
         }
+
+
+def read_png(path: str | Path) -> np.ndarray:
+    """A PNG as a numpy array (uint16 for 16-bit depth, uint8 [H, W, 3] for colour)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        arr = np.array(im)
+    if arr.ndim == 3 and arr.shape[2] == 4:
+        arr = arr[:, :, :3]
+    return arr
+
+
+def read_image_rgb(path: str | Path) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return np.array(im.convert("RGB"))
+
+
+class ReplicaSequence:
+    """NICE-SLAM Replica renderings: ``depthXXXXXX.png`` (uint16, metres = value / scale),
+    ``frameXXXXXX.jpg``, ``traj.txt`` (one row-major 4x4 camera-to-world per line, OpenCV axes) and
+    ``cam_params.json`` (fx, fy, cx, cy, w, h, scale); the NICE-SLAM layout with a ``results/`` folder
+    is accepted too. ``dataset[i] -> {"depth_m", "color", "K", "T_world_sensor"}``."""
+
+    def __init__(self, root: str | Path, cam_params: dict | None = None):
+        import json
+
+        root = Path(root)
+        img_dir = root / "results" if (root / "results").is_dir() else root
+        self.depths = sorted(img_dir.glob("depth*.png"))
+        self.colors = sorted(img_dir.glob("frame*.jpg"))
+        poses = np.loadtxt(root / "traj.txt", ndmin=2)
+        self.poses = poses.reshape(-1, 4, 4)
+        if cam_params is None:
+            for cand in (root / "cam_params.json", root.parent / "cam_params.json"):
+                if cand.exists():
+                    cam_params = json.loads(cand.read_text())["camera"]
+                    break
+        if cam_params is None:  # NICE-SLAM's Replica defaults
+            cam_params = {"fx": 600.0, "fy": 600.0, "cx": 599.5, "cy": 339.5, "scale": 6553.5}
+        c = cam_params
+        self.K = np.array([[c["fx"], 0, c["cx"]], [0, c["fy"], c["cy"]], [0, 0, 1]], dtype=np.float64)
+        self.scale = float(c["scale"])
+        if not self.depths:
+            raise InvalidArgument(f"path: no depth*.png under {img_dir}")
+
+    def __len__(self) -> int:
+        return min(len(self.depths), len(self.poses))
+
+    def __getitem__(self, i: int) -> dict:
+        depth = read_png(self.depths[i]).astype(np.float32) / self.scale
+        color = read_image_rgb(self.colors[i]) if i < len(self.colors) else None
+        return {"depth_m": depth, "color": color, "K": self.K, "T_world_sensor": self.poses[i]}
+
+
+class SevenScenesSequence:
+    """3DMatch / 7-Scenes: ``frame-XXXXXX.depth.png`` (uint16 millimetres, 0 = none),
+    ``frame-XXXXXX.color.png``, ``frame-XXXXXX.pose.txt`` (4x4 camera-to-world), and
+    ``camera-intrinsics.txt`` (3x3; 7-Scenes default fx = fy = 585, cx = 320, cy = 240 if absent)."""
+
+    def __init__(self, root: str | Path, depth_scale: float = 1000.0):
+        root = Path(root)
+        self.depths = sorted(root.glob("frame-*.depth.png"))
+        if not self.depths:
+            self.depths = sorted(root.glob("*/frame-*.depth.png"))
+        if not self.depths:
+            raise InvalidArgument(f"path: no frame-*.depth.png under {root}")
+        intr = root / "camera-intrinsics.txt"
+        self.K = (
+            np.loadtxt(intr).reshape(3, 3)
+            if intr.exists()
+            else np.array([[585.0, 0, 320.0], [0, 585.0, 240.0], [0, 0, 1]])
+        )
+        self.depth_scale = depth_scale
+
+    def __len__(self) -> int:
+        return len(self.depths)
+
+    def __getitem__(self, i: int) -> dict:
+        d = self.depths[i]
+        stem = d.name[: -len(".depth.png")]
+        pose = np.loadtxt(d.with_name(stem + ".pose.txt")).reshape(4, 4)
+        cpath = d.with_name(stem + ".color.png")
+        color = read_image_rgb(cpath) if cpath.exists() else None
+        depth = read_png(d).astype(np.float32) / self.depth_scale
+        if color is not None and color.shape[:2] != depth.shape:
+            color = None  # not pixel-aligned in every dataset
+        return {"depth_m": depth, "color": color, "K": self.K, "T_world_sensor": pose}
+
+
+class KittiOdometry:
+    """KITTI odometry: ``velodyne/*.bin`` (float32 x, y, z, intensity), ``poses.txt`` (3x4 row-major,
+    left-camera frame) and ``calib.txt`` (``Tr:`` velodyne-to-camera). Poses are converted to
+    velodyne-to-world: ``T_world_velo = T_world_cam0 @ Tr``. ``dataset[i] -> {"points", "T_world_sensor"}``
+    (``T_world_sensor`` is None when there is no poses file)."""
+
+    def __init__(self, root: str | Path):
+        root = Path(root)
+        self.scans = sorted((root / "velodyne").glob("*.bin"))
+        if not self.scans:
+            raise InvalidArgument(f"path: no velodyne/*.bin under {root}")
+        self.Tr = np.eye(4)
+        calib = root / "calib.txt"
+        if calib.exists():
+            for line in calib.read_text().splitlines():
+                if line.startswith("Tr:"):
+                    self.Tr[:3, :4] = np.array(line.split()[1:], dtype=np.float64).reshape(3, 4)
+        poses_file = root / "poses.txt"
+        self.poses = None
+        if poses_file.exists():
+            p = np.loadtxt(poses_file, ndmin=2).reshape(-1, 3, 4)
+            self.poses = np.tile(np.eye(4), (p.shape[0], 1, 1))
+            self.poses[:, :3, :] = p
+
+    def __len__(self) -> int:
+        return len(self.scans)
+
+    def __getitem__(self, i: int) -> dict:
+        pts = np.fromfile(self.scans[i], dtype=np.float32).reshape(-1, 4)
+        T = None if self.poses is None else self.poses[i] @ self.Tr
+        return {"points": pts[:, :3], "intensity": pts[:, 3], "T_world_sensor": T}

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 
 from .grid import IndexGrid
-from .kernels.bits import pack_bits
 from .kernels.keys import encode_leaf_keys
 
 BRICK_VOXELS = 64
@@ -161,19 +160,33 @@ class PagedPool:
             self.pages[name][p][s - p * self.page_bricks] = value
 
 
-_BRICK_PATTERNS: dict[torch.device, torch.Tensor] = {}
+def _s64(u: int) -> int:
+    return u - (1 << 64) if u >= (1 << 63) else u
 
 
-def _brick_bits(device: torch.device) -> torch.Tensor:
-    """bool ``[8, 512]``: the voxels of each brick of a leaf."""
-    t = _BRICK_PATTERNS.get(device)
+# the 4x4 (j, k) block of a brick inside a 64-bit leaf word (bit j*8 + k), for (bj, bk) in {0,1}^2
+_WORD_PATTERNS = [
+    _s64(sum(1 << ((4 * bj + j) * 8 + 4 * bk + k) for j in range(4) for k in range(4)))
+    for bj in range(2)
+    for bk in range(2)
+]
+_PATTERNS: dict[torch.device, torch.Tensor] = {}
+
+
+def _word_patterns(device: torch.device) -> torch.Tensor:
+    t = _PATTERNS.get(device)
     if t is None:
-        off = torch.arange(512)
-        i, j, k = off >> 6, (off >> 3) & 7, off & 7
-        b = ((i >> 2) << 2) | ((j >> 2) << 1) | (k >> 2)
-        t = (b[None, :] == torch.arange(8)[:, None]).to(device)
-        _BRICK_PATTERNS[device] = t
+        t = torch.tensor(_WORD_PATTERNS, dtype=torch.int64, device=device)
+        _PATTERNS[device] = t
     return t
+
+
+def brick_masks(present: torch.Tensor) -> torch.Tensor:
+    """Leaf masks int64 ``[L, 8]`` of the voxels of the present bricks (bool ``[L, 8]``, brick index
+    ``bi << 2 | bj << 1 | bk``): brick ``bi`` covers words ``4 bi .. 4 bi + 3`` with a fixed 4x4 pattern."""
+    p = present.to(torch.int64).reshape(-1, 2, 4)  # [L, bi, (bj, bk)]
+    w = (p * _word_patterns(present.device)).sum(dim=2)  # disjoint patterns: sum == or
+    return w.repeat_interleave(4, dim=1)
 
 
 def bricks_grid(brick_ijk: torch.Tensor) -> tuple[IndexGrid, torch.Tensor, torch.Tensor]:
@@ -183,17 +196,13 @@ def bricks_grid(brick_ijk: torch.Tensor) -> tuple[IndexGrid, torch.Tensor, torch
     """
     dev = brick_ijk.device
     if brick_ijk.shape[0] == 0:
-        return (
-            IndexGrid.empty(dev),
-            torch.zeros(0, dtype=torch.int64, device=dev),
-            torch.zeros(0, dtype=torch.int64, device=dev),
-        )
+        z = torch.zeros(0, dtype=torch.int64, device=dev)
+        return IndexGrid.empty(dev), z, z.clone()
     keys, inv = torch.unique(encode_leaf_keys(brick_ijk >> 1), return_inverse=True)
     b = brick_in_leaf(brick_ijk << 2)
     present = torch.zeros((keys.numel(), 8), dtype=torch.bool, device=dev)
     present[inv, b] = True
-    bits = (present[:, :, None] & _brick_bits(dev)[None]).any(dim=1)
-    return IndexGrid._from_leaves(keys, pack_bits(bits)), inv, b
+    return IndexGrid._from_leaves(keys, brick_masks(present)), inv, b
 
 
 class BrickLayer:
@@ -275,14 +284,8 @@ class BrickLayer:
         slots = self.slots.clone()
         slots[drop] = -1
         keep_leaf = (slots >= 0).any(dim=1)
-        # voxel-level keep mask in voxel order: a voxel stays iff its brick stays
-        bbits = _brick_bits(self.device)
-        leaf_keep_bits = ((slots >= 0)[:, :, None] & bbits[None]).any(dim=1)  # [L, 512]
-        from .kernels.bits import unpack_bits
-
-        active = unpack_bits(self.grid.leaves.masks)
-        keep = leaf_keep_bits[active]
-        self.grid = self.grid.pruned_grid(keep)
+        masks = brick_masks(slots >= 0)
+        self.grid = IndexGrid._from_leaves(self.grid.leaves.keys[keep_leaf], masks[keep_leaf])
         self.slots = slots[keep_leaf].contiguous()
         self.version += 1
 

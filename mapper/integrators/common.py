@@ -159,14 +159,16 @@ def dda(
     cells = torch.empty((r, max_steps, 3), dtype=torch.int64, device=origins.device)
     tent = torch.empty((r, max_steps), dtype=torch.float64, device=origins.device)
     t = t0.clone()
-    ar = torch.arange(r, device=origins.device)
     for k in range(max_steps):
         cells[:, k] = v
         tent[:, k] = t
-        axis = tmax.argmin(dim=1)
-        t = tmax[ar, axis]
-        v[ar, axis] += step[ar, axis]
-        tmax[ar, axis] += tdelta[ar, axis]
+        tx, ty, tz = tmax.unbind(1)
+        mx = (tx <= ty) & (tx <= tz)
+        my = ~mx & (ty <= tz)
+        m = torch.stack((mx, my, ~mx & ~my), dim=1)
+        t = torch.minimum(torch.minimum(tx, ty), tz)
+        v += step * m
+        tmax += torch.where(m, tdelta, 0.0)
     valid = tent < t1[:, None]
     valid[:, 0] |= t0 <= t1  # a zero-length segment still touches its cell
     return cells, tent, valid

@@ -20,7 +20,6 @@ import torch
 
 from ..layers import BrickLayer, FieldSpec, brick_offsets
 from .common import (
-    aggregate,
     chunked_rays,
     dda,
     in_key_range,
@@ -135,6 +134,31 @@ def update_running_average(layer: BrickLayer, slot, off, obs_sum, w_sum, cfg: Ts
     layer.pool.scatter("weight", slot, wn.clamp(max=cfg.max_weight), off)
 
 
+def brick_accumulate(ijk: torch.Tensor, *values: torch.Tensor):
+    """Scatter-add per-sample values into the voxels of the samples' bricks, without a voxel-level sort.
+
+    Returns (unique bricks int64 ``[B, 3]`` sorted by key, and for every value a ``[B, 64]`` sum).
+    """
+    bricks = unique_voxels(ijk >> 2)
+    rank = torch.searchsorted(voxel_keys(bricks), voxel_keys(ijk >> 2))
+    local = rank * 64 + brick_offsets(ijk)
+    sums = []
+    for val in values:
+        acc = torch.zeros(bricks.shape[0] * 64, dtype=val.dtype, device=val.device)
+        sums.append(acc.index_add_(0, local, val).reshape(-1, 64))
+    return bricks, sums
+
+
+def update_bricks(layer: BrickLayer, slots: torch.Tensor, obs_sum: torch.Tensor, w_sum: torch.Tensor, cfg):
+    """Running average on whole bricks ([B, 64] sums; voxels with w_sum == 0 keep their values)."""
+    t = layer.pool.gather("tsdf", slots).to(torch.float32)
+    w = layer.pool.gather("weight", slots).to(torch.float32)
+    wn = w + w_sum
+    t_new = torch.where(w_sum > 0, (t * w + obs_sum) / wn.clamp(min=1e-12), t)
+    layer.pool.scatter("tsdf", slots, t_new.clamp(-cfg.tau, cfg.tau))
+    layer.pool.scatter("weight", slots, wn.clamp(max=cfg.max_weight))
+
+
 def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Tensor, cfg: TsdfConfig, timer):
     """One LiDAR frame (world points, float64 origin ``[3]``) into a TSDF layer."""
     with timer("grow"):
@@ -142,14 +166,12 @@ def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Ten
         if ijk.shape[0] == 0:
             return 0
         w = torch.full_like(sdf, cfg.obs_weight)
-        vox, sdf_sum, w_sum = aggregate(ijk, sdf, w)
-        bricks = unique_voxels(vox >> 2)
+        bricks, (sdf_sum, w_sum) = brick_accumulate(ijk, sdf * w, w)
     with timer("merge"):
         slots = layer.allocate(bricks)
     with timer("update"):
-        slot = _slots_of(bricks, slots, vox)
-        update_running_average(layer, slot, brick_offsets(vox), sdf_sum, w_sum, cfg)
-    return int(vox.shape[0])
+        update_bricks(layer, slots, sdf_sum, w_sum, cfg)
+    return int(ijk.shape[0])
 
 
 def integrate_depth(
