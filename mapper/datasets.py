@@ -110,9 +110,14 @@ class ReplicaSequence:
     """NICE-SLAM Replica renderings: ``depthXXXXXX.png`` (uint16, metres = value / scale),
     ``frameXXXXXX.jpg``, ``traj.txt`` (one row-major 4x4 camera-to-world per line, OpenCV axes) and
     ``cam_params.json`` (fx, fy, cx, cy, w, h, scale); the NICE-SLAM layout with a ``results/`` folder
-    is accepted too. ``dataset[i] -> {"depth_m", "color", "K", "T_world_sensor"}``."""
+    is accepted too. ``dataset[i] -> {"depth_m", "color", "K", "T_world_sensor"}``.
 
-    def __init__(self, root: str | Path, cam_params: dict | None = None):
+    ``pixel_center_shift``: the NICE-SLAM renderings put pixel centres half a pixel off the stated
+    principal point (rendering the reference mesh with cx, cy = 599.5, 339.5 under the usual
+    pixel-centre convention gives a median depth error of 1.4 mm; with 599.0, 339.0 it is 0.18 mm, the
+    PNG's quantisation). The default -0.5 applies that correction to K."""
+
+    def __init__(self, root: str | Path, cam_params: dict | None = None, pixel_center_shift: float = -0.5):
         import json
 
         root = Path(root)
@@ -129,7 +134,8 @@ class ReplicaSequence:
         if cam_params is None:  # NICE-SLAM's Replica defaults
             cam_params = {"fx": 600.0, "fy": 600.0, "cx": 599.5, "cy": 339.5, "scale": 6553.5}
         c = cam_params
-        self.K = np.array([[c["fx"], 0, c["cx"]], [0, c["fy"], c["cy"]], [0, 0, 1]], dtype=np.float64)
+        cx, cy = c["cx"] + pixel_center_shift, c["cy"] + pixel_center_shift
+        self.K = np.array([[c["fx"], 0, cx], [0, c["fy"], cy], [0, 0, 1]], dtype=np.float64)
         self.scale = float(c["scale"])
         if not self.depths:
             raise InvalidArgument(f"path: no depth*.png under {img_dir}")
