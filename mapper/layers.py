@@ -48,24 +48,35 @@ def brick_in_leaf(ijk: torch.Tensor) -> torch.Tensor:
 
 
 class PagedPool:
-    """Brick storage for several fields, in pages of ``PAGE_BRICKS`` bricks that are never reallocated.
+    """Brick storage for several fields, in pages that are never reallocated.
 
-    Slots are handed out from a free list first, then from the high-water mark.
+    Page sizes grow geometrically from ``first_page_bricks`` to ``page_bricks`` (so small maps stay
+    small and large maps have few pages); slots are handed out from a free list first, then from the
+    high-water mark. Growth never copies: peak memory is the live pages plus the newest one.
     """
 
-    def __init__(self, fields: dict[str, FieldSpec], device: torch.device, page_bricks: int = PAGE_BRICKS):
+    def __init__(
+        self,
+        fields: dict[str, FieldSpec],
+        device: torch.device,
+        page_bricks: int = PAGE_BRICKS,
+        first_page_bricks: int = 1 << 10,
+    ):
         self.fields = dict(fields)
         self.device = device
         self.page_bricks = page_bricks
+        self.first_page_bricks = min(first_page_bricks, page_bricks)
         self.pages: dict[str, list[torch.Tensor]] = {k: [] for k in fields}
+        self.page_starts = [0]  # first slot of each page, then the capacity
         self.high_water = 0
         self._free = torch.zeros(0, dtype=torch.int64, device=device)
         self._tables: dict[str, torch.Tensor] | None = None
+        self._starts_t: torch.Tensor | None = None
 
     # -- capacity -----------------------------------------------------------------------------------
     @property
     def capacity(self) -> int:
-        return len(next(iter(self.pages.values()), [])) * self.page_bricks
+        return self.page_starts[-1]
 
     @property
     def num_allocated(self) -> int:
@@ -76,12 +87,14 @@ class PagedPool:
         return sum(p.numel() * p.element_size() for pages in self.pages.values() for p in pages)
 
     def _add_page(self) -> None:
+        n = len(self.page_starts) - 1
+        size = min(self.first_page_bricks << n, self.page_bricks)
         for name, spec in self.fields.items():
-            page = torch.empty(
-                (self.page_bricks, BRICK_VOXELS, *spec.shape), dtype=spec.dtype, device=self.device
-            )
+            page = torch.empty((size, BRICK_VOXELS, *spec.shape), dtype=spec.dtype, device=self.device)
             self.pages[name].append(page)
+        self.page_starts.append(self.page_starts[-1] + size)
         self._tables = None
+        self._starts_t = None
 
     def alloc(self, n: int) -> torch.Tensor:
         """int64 ``[n]`` fresh slots, their voxels set to each field's fill value."""
@@ -115,24 +128,30 @@ class PagedPool:
             }
         return self._tables[name]
 
+    def page_start_table(self) -> torch.Tensor:
+        """int64 ``[pages + 1]``: the first slot of each page, then the capacity (for Triton kernels)."""
+        if self._starts_t is None:
+            self._starts_t = torch.tensor(self.page_starts, dtype=torch.int64, device=self.device)
+        return self._starts_t
+
     def _groups(self, slots: torch.Tensor):
-        """(page, selector) pairs covering ``slots`` (selector None = all)."""
-        if len(self.pages[next(iter(self.fields))]) == 1 or slots.numel() == 0:
-            yield 0, None
+        """(page, selector, first slot of the page) covering ``slots`` (selector None = all)."""
+        if len(self.page_starts) == 2 or slots.numel() == 0:
+            yield 0, None, 0
             return
-        page = slots // self.page_bricks
+        page = torch.searchsorted(self.page_start_table()[1:], slots, right=True)
         for p in torch.unique(page).tolist():
-            yield p, (page == p).nonzero().squeeze(1)
+            yield p, (page == p).nonzero().squeeze(1), self.page_starts[p]
 
     def gather(self, name: str, slots: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
         """Values of ``name`` at (slot, offset) pairs (``[M, *C]``), or whole bricks (``[M, 64, *C]``)."""
         spec = self.fields[name]
         shape = (slots.numel(), *(() if offsets is not None else (BRICK_VOXELS,)), *spec.shape)
         out = torch.empty(shape, dtype=spec.dtype, device=self.device)
-        for p, sel in self._groups(slots):
+        for p, sel, start in self._groups(slots):
             s = slots if sel is None else slots[sel]
             o = None if offsets is None else (offsets if sel is None else offsets[sel])
-            local = s - p * self.page_bricks
+            local = s - start
             vals = self.pages[name][p][local] if o is None else self.pages[name][p][local, o]
             if sel is None:
                 out = vals
@@ -144,10 +163,10 @@ class PagedPool:
         self, name: str, slots: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor | None = None
     ):
         """Write ``values`` at (slot, offset) pairs, or whole bricks when ``offsets`` is None."""
-        for p, sel in self._groups(slots):
+        for p, sel, start in self._groups(slots):
             s = slots if sel is None else slots[sel]
             v = values if sel is None else values[sel]
-            local = s - p * self.page_bricks
+            local = s - start
             if offsets is None:
                 self.pages[name][p][local] = v.to(self.fields[name].dtype)
             else:
@@ -155,9 +174,9 @@ class PagedPool:
                 self.pages[name][p][local, o] = v.to(self.fields[name].dtype)
 
     def fill_slots(self, name: str, slots: torch.Tensor, value) -> None:
-        for p, sel in self._groups(slots):
+        for p, sel, start in self._groups(slots):
             s = slots if sel is None else slots[sel]
-            self.pages[name][p][s - p * self.page_bricks] = value
+            self.pages[name][p][s - start] = value
 
 
 def _s64(u: int) -> int:
