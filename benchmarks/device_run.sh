@@ -16,6 +16,9 @@ for step in "$@"; do
       timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests -k "${PYTEST_K:-cuda or gpu}" 2>&1 | tee "$OUT/gputests.log" | tail -25 ;;
     profile)
       (cd benchmarks && timeout 300 python3 profile_ops.py --sizes 1e8 5e8 --ops dilate prune merge) 2>&1 | tee "$OUT/profile.log" | grep -E "===|Self CUDA time total|_kernel|aten::(sort|unique|searchsorted|cumsum|index|nonzero)" ;;
+    integrators)
+      timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_integrators.py --device cuda ${BENCH_ARGS:-} \
+        --out "$OUT/integrators.md" 2>&1 | tee "$OUT/integrators.log" | tail -25 ;;
     probe)
       timeout 120 python3 benchmarks/device_probe.py 2>&1 | tee "$OUT/probe.log" ;;
     topology-small)
