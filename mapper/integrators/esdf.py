@@ -1,45 +1,45 @@
 """Euclidean signed distance field (ESDF): exact distances to the fused surface, updated incrementally.
 
-**Surface sites.** From the TSDF: the zero crossings between observed (weight > 0) 6-neighbour voxels
+**Surface points.** From the TSDF: the zero crossings between observed (weight > 0) 6-neighbour voxels
 whose values have opposite sign (positive = ``tsdf > 0``, as :func:`mapper.surface.zero_crossings`), at
-the point ``t = a / (a - b)`` of the edge between the two voxel centres. A crossing belongs to the
-endpoint voxel it is nearest to (``t <= 0.5``: the lower one), so it lies within half a voxel of that
-voxel's centre; a voxel holding at least one crossing is a **site voxel** with up to six crossings (one
-per edge direction). Without a TSDF layer, the occupied voxels (``log_odds > 0``) of the occupancy layer
-are site voxels whose only point is their centre.
+``t = a / (a - b)`` along the edge between the two voxel centres. A crossing is filed under the edge
+endpoint it is nearest to (``t <= 0.5``: the lower one), so it lies on a line of voxel centres within
+half a voxel of its voxel, a **site voxel** (up to six crossings, one per edge direction). Without a TSDF
+layer the occupied voxels (``log_odds > 0``) of the occupancy layer are the site voxels and their centres
+the points.
 
-**Distance.** Let ``Dc = max_distance / s + 1/2`` (voxels). For a voxel ``x`` the nearest site voxel
-``s*`` by centre distance, among those with ``|x - s|^2 <= floor(Dc^2)``, ties broken by the smallest
-``(i, j, k)``, is found by an exact separable squared-distance transform; the stored value is the
-Euclidean distance from ``x``'s centre to the nearest crossing *of that site voxel* (the one nearest to
-the querying voxel), clamped to ``max_distance``, and exactly ``max_distance`` when there is no such
-site. (A crossing within ``max_distance`` has its site voxel's centre within ``Dc``, so no surface point
-closer than ``max_distance`` is missed; the result can exceed the distance to the nearest crossing only
-when that crossing belongs to another site voxel than the nearest centre, by a small fraction of a voxel.)
+**Value.** ``esdf = sign * min(max_distance, s * |x - p*|)`` with ``p*`` the crossing nearest to the
+voxel centre ``x``: the exact Euclidean distance to the point set (float32 rounding aside), computed by
+an exact separable transform, not by a path-length propagation. Every voxel of the layer farther than
+``max_distance`` from every crossing holds exactly ``max_distance`` (float32) with its sign.
 
 **Sign and observed.** Where the TSDF observed the voxel: its sign (``tsdf <= 0`` is inside, negative);
 else where the occupancy layer knows it: occupied (``log_odds > 0``) is negative, free positive; else
-positive. ``observed`` = TSDF weight > 0 or occupancy log-odds not NaN.
+positive. ``observed`` = TSDF weight > 0 or occupancy log-odds not NaN (nothing else is ever observed).
 
-**Domain.** The ESDF layer holds the bricks within ``Rb = ceil(W / 4)`` bricks (box) of a brick holding
-a site, ``W = floor(sqrt(floor(Dc^2)))``: exactly the bricks that can hold a voxel with a site within
-``Dc`` (a voxel within ``W`` of site voxel ``c`` along an axis lies in brick ``(c + W) >> 2 <=
-(c >> 2) + ceil(W / 4)``). Bricks that leave the domain are freed.
+**Domain.** Let ``M = floor(max_distance / s + 1/2) + 1`` voxels: a crossing within ``max_distance`` of
+``x`` has its site voxel within ``M - 1`` of ``x`` along every axis (the extra voxel keeps float
+rounding at the cut-off from ever mattering). The layer holds the bricks within ``Rb = ceil(M / 4)``
+bricks (box) of a brick with a site voxel: every voxel within ``M`` of a site voxel (``(c + M) >> 2 <=
+(c >> 2) + ceil(M / 4)``). Bricks that leave the domain are freed; an empty layer gives its pages back.
 
-**Algorithm** (exact, order independent). Three 1-D passes over the domain's voxels, along k, then j,
-then i. Each pass lays the voxels out line by line (bricks sorted by the other two axes, each maximal run
-of consecutive bricks gives 16 lines of ``4 n`` voxels, every line followed by ``W`` empty slots), and
-takes, for every voxel, the minimum over the offsets ``|d| <= W`` of ``f(p + d) + d^2`` with shifted
-slices of one flat array (no gathers). Values are packed integers ``(d2 << b) | (d + W)`` so the minimum
-also breaks ties towards the smallest coordinate, which makes the argmin the lexicographically smallest
-site among the nearest (pass k first: within a pass the candidates differ only in the axis being
-processed). Values above ``floor(Dc^2)`` are dropped after every pass. The argmin's site index travels
-with the minimum. Work: ``O(N W)`` integer min/add per pass on ``N (1 + W / (4 n))`` slots, no sorting
-of voxels (only of bricks); on the CPU the lines are processed in chunks of ``cpu_rows`` slots.
+**Transform.** Crossings on the lines along axis ``a`` form orientation ``a``. For each orientation: a
+1-D pass along ``a`` (nearest crossing on the line, by a cumulative max/min of the nearest voxel with a
+crossing on each side) followed by min-plus passes ``g(p) = min_{|d| <= M} f(p + d) + d^2`` along the
+other two axes; the result is the minimum over the orientations. Orientations k and j share their last
+pass: k, j(k) + j, k(j), i(min) + i, j(i), k(i): 3 line passes and 5 min-plus passes (1 and 2 for an
+occupancy map, whose centres are k-line points). Each pass lays the domain's voxels out line by line:
+bricks sorted by the two other axes, each run of ``n`` consecutive bricks giving 16 lines of ``4 n``
+voxels, each line followed by ``M + 1`` empty slots, so a min-plus pass is ``M`` rounds of three
+element-wise ops on shifted slices of one flat array (no sort of voxels, no gathers inside the rounds).
+Work: ``O(N M)`` per min-plus pass and ``O(N)`` per line pass for ``N`` domain voxels; on the CPU the
+lines are processed in chunks of ``cpu_rows`` slots (bounded temporaries, same results).
 
-Why any exact method would be enough for incremental == cold: every stored value is a function of the
-site voxels within ``W`` (box) of the voxel, of their crossings and of the voxel's own source values;
-the passes only ever combine exact candidates, and floating point work is element-wise.
+**Incremental == cold**, bit for bit: a value depends only on the crossings whose site voxels lie within
+``M`` (box) of the voxel, on the voxel's own source values, and on intermediate values on the lines
+between the two, which are inside that box; every float is formed element-wise from the same operands
+(integer slot differences, never absolute positions), and minima are exact. ``update`` recomputes the
+bricks that a change can reach with everything they need (see the margins in ``update``).
 """
 
 from __future__ import annotations
@@ -57,9 +57,6 @@ from .common import keys_to_ijk, voxel_keys
 CPU_ROWS = 1 << 17  # slots per chunk of a pass on the CPU (int32: 512 KB per array)
 CPU_BRICKS = 1 << 11  # bricks per chunk for site extraction and distances on the CPU
 _INT32_MAX = (1 << 31) - 1
-# crossing slots of a site voxel: (+i, -i, +j, -j, +k, -k)
-_SLOT_AXIS = (0, 0, 1, 1, 2, 2)
-_SLOT_SIGN = (1.0, -1.0, 1.0, -1.0, 1.0, -1.0)
 
 _LOCAL: dict[torch.device, torch.Tensor] = {}
 
@@ -70,7 +67,7 @@ def esdf_fields(max_distance_m: float) -> dict[str, FieldSpec]:
 
 
 def _brick_local(device: torch.device) -> torch.Tensor:
-    """int64 ``[64, 3]``: voxel coordinates inside a brick, in brick-offset order ``(i << 4 | j << 2 | k)``."""
+    """int64 ``[64, 3]``: voxel coordinates inside a brick, in offset order ``i << 4 | j << 2 | k``."""
     t = _LOCAL.get(device)
     if t is None:
         o = torch.arange(64)
@@ -150,13 +147,6 @@ def _existing_bricks(layer: BrickLayer, bricks: torch.Tensor) -> torch.Tensor:
     return bricks[slot >= 0]
 
 
-def _tsdf_bricks(layer: BrickLayer, bricks: torch.Tensor):
-    """(float32 tsdf, bool observed), each ``[M, 4, 4, 4]`` (i, j, k), of whole bricks."""
-    t = _gather_bricks(layer, bricks, "tsdf", 0.0).to(torch.float32).reshape(-1, 4, 4, 4)
-    w = _gather_bricks(layer, bricks, "weight", 0.0).reshape(-1, 4, 4, 4)
-    return t, w > 0
-
-
 def tsdf_sites(layer: BrickLayer, bricks: torch.Tensor, rows: int = CPU_BRICKS):
     """Site voxels of a TSDF layer inside the given bricks.
 
@@ -169,22 +159,38 @@ def tsdf_sites(layer: BrickLayer, bricks: torch.Tensor, rows: int = CPU_BRICKS):
     """
     dev = bricks.device
     local = _brick_local(dev)
+    none = torch.zeros((0, 3), dtype=torch.int64, device=dev), torch.zeros((0, 6), device=dev)
+    if bricks.shape[0] == 0 or layer.grid.num_leaves == 0:
+        return none
+    # the bricks and their face neighbours that exist, gathered once; row ``len(ext)`` = "absent"
+    steps = torch.cat((torch.zeros((1, 3), dtype=torch.int64), torch.eye(3, dtype=torch.int64)))
+    steps = torch.cat((steps, -steps[1:])).to(dev)  # 0, +i, +j, +k, -i, -j, -k
+    ext = _existing_bricks(layer, _unique_bricks((bricks[:, None, :] + steps[None]).reshape(-1, 3)))
+    keys = voxel_keys(ext)
+    t_all = _gather_bricks(layer, ext, "tsdf", 0.0).to(torch.float32)
+    o_all = _gather_bricks(layer, ext, "weight", 0.0) > 0
+    t_all = torch.cat((t_all, t_all.new_zeros((1, 64)))).reshape(-1, 4, 4, 4)
+    o_all = torch.cat((o_all, o_all.new_zeros((1, 64)))).reshape(-1, 4, 4, 4)
+
+    def rows_of(b):
+        k = voxel_keys(b)
+        pos = torch.searchsorted(keys, k).clamp_(max=max(keys.numel() - 1, 0))
+        return torch.where(keys[pos] == k, pos, torch.full_like(pos, keys.numel()))
+
     out_v, out_t = [], []
     for sl in _chunks(bricks.shape[0], dev, rows):
         b = bricks[sl]
-        tv, ov = _tsdf_bricks(layer, b)
+        own = rows_of(b)
+        tv, ov = t_all[own], o_all[own]
         slots = []
         for axis in range(3):
             d = axis + 1
-            e = torch.zeros(3, dtype=torch.int64, device=dev)
-            e[axis] = 1
-            tp, op = _tsdf_bricks(layer, b + e)
-            tm, om = _tsdf_bricks(layer, b - e)
+            up, down = rows_of(b + steps[1 + axis]), rows_of(b + steps[4 + axis])
             # values at v + e_axis and at v - e_axis (the neighbour brick's face where v is on the border)
-            t_next = torch.cat((tv.narrow(d, 1, 3), tp.narrow(d, 0, 1)), dim=d)
-            o_next = torch.cat((ov.narrow(d, 1, 3), op.narrow(d, 0, 1)), dim=d)
-            t_prev = torch.cat((tm.narrow(d, 3, 1), tv.narrow(d, 0, 3)), dim=d)
-            o_prev = torch.cat((om.narrow(d, 3, 1), ov.narrow(d, 0, 3)), dim=d)
+            t_next = torch.cat((tv.narrow(d, 1, 3), t_all[up].narrow(d, 0, 1)), dim=d)
+            o_next = torch.cat((ov.narrow(d, 1, 3), o_all[up].narrow(d, 0, 1)), dim=d)
+            t_prev = torch.cat((t_all[down].narrow(d, 3, 1), tv.narrow(d, 0, 3)), dim=d)
+            o_prev = torch.cat((o_all[down].narrow(d, 3, 1), ov.narrow(d, 0, 3)), dim=d)
             pos = tv > 0
             # edge (v, v + e): t = a / (a - b) from v; it is v's crossing when t <= 0.5
             cross = ov & o_next & (pos != (t_next > 0))
@@ -199,14 +205,12 @@ def tsdf_sites(layer: BrickLayer, bricks: torch.Tensor, rows: int = CPU_BRICKS):
         bi, oi = site.nonzero(as_tuple=True)
         out_v.append(b[bi] * 4 + local[oi])
         out_t.append(tt[bi, oi])
-    if not out_v:
-        return torch.zeros((0, 3), dtype=torch.int64, device=dev), torch.zeros((0, 6), device=dev)
     return torch.cat(out_v), torch.cat(out_t)
 
 
 def occupancy_sites(layer: BrickLayer, bricks: torch.Tensor, rows: int = CPU_BRICKS):
     """Occupied voxels (``log_odds > 0``) of an occupancy layer inside the given bricks, as site voxels
-    whose only point is the centre: (int64 ``[S, 3]``, float32 ``[S, 6]`` = ``(0, NaN, ..., NaN)``)."""
+    whose only point is the centre: (int64 ``[S, 3]``, float32 ``[S, 6]``: 0 in the ``+k`` slot, NaN)."""
     dev = bricks.device
     local = _brick_local(dev)
     out = []
@@ -217,7 +221,7 @@ def occupancy_sites(layer: BrickLayer, bricks: torch.Tensor, rows: int = CPU_BRI
         out.append(b[bi] * 4 + local[oi])
     v = torch.cat(out) if out else torch.zeros((0, 3), dtype=torch.int64, device=dev)
     t = torch.full((v.shape[0], 6), math.nan, device=dev)
-    t[:, 0] = 0.0
+    t[:, 4] = 0.0  # the centre, as a crossing on the k line
     return v, t
 
 
@@ -239,24 +243,13 @@ def sign_observed(tsdf: BrickLayer | None, occ: BrickLayer | None, bricks: torch
 
 
 # ----------------------------------------------------------------------------------------- transform
-class _Packing:
-    """Integer packing of a pass value: ``(d2 << bits) | (d + W)``; ``inf`` marks "no site within Dc"."""
-
-    def __init__(self, dc2: int, window: int):
-        self.dc2 = dc2
-        self.window = window
-        self.bits = (2 * window + 1).bit_length()
-        self.mask = (1 << self.bits) - 1
-        self.inf = (dc2 + 1) << self.bits
-        worst = (2 * dc2 + 2) << self.bits  # inf + the largest offset cost
-        self.dtype = torch.int32 if worst <= _INT32_MAX else torch.int64
-
-
-def _line_layout(bricks: torch.Tensor, axis: int, window: int, rows: int):
+def _line_layout(bricks: torch.Tensor, axis: int, pad: int, rows: int):
     """Slot layout of the voxels of the sorted unique ``bricks`` (``[B, 3]``) as lines along ``axis``.
 
-    Returns int64 ``[P]`` ``perm`` (slot -> voxel index ``brick * 64 + offset``, ``64 B`` for an empty
-    slot) and the chunk boundaries (a list of slot indices, chunks never split a run of bricks).
+    Each maximal run of ``n`` consecutive bricks along ``axis`` (same other two coordinates) gives 16
+    lines of ``4 n`` voxels, each followed by ``pad`` empty slots. Returns ``perm`` (int32 or int64
+    ``[P]``: slot -> voxel index ``brick * 64 + offset``, ``64 B`` for an empty slot) and the chunk
+    boundaries (a list of slot indices; chunks hold whole runs and about ``rows`` slots).
     """
     dev = bricks.device
     nb = bricks.shape[0]
@@ -269,112 +262,181 @@ def _line_layout(bricks: torch.Tensor, axis: int, window: int, rows: int):
     run = torch.cumsum(new, 0) - 1
     first = new.nonzero().squeeze(1)
     count = torch.diff(first, append=first.new_tensor([nb]))
-    line = 4 * count + window  # a line of the run and its trailing empty slots
+    line = 4 * count + pad  # a line of the run and its trailing empty slots
     size = 16 * line
     base = torch.cumsum(size, 0) - size
     total = int(base[-1] + size[-1])
-    local = _brick_local(dev)
+    dtype = torch.int32 if total < _INT32_MAX and nb * 64 < _INT32_MAX else torch.int64
+    local = _brick_local(dev).to(dtype)
     sub = local[:, u] * 4 + local[:, v]
     t = torch.arange(nb, device=dev) - first[run]
-    pos = (base[run] + 4 * t)[:, None] + sub[None, :] * line[run][:, None] + local[None, :, axis]
-    perm = torch.full((total,), nb * 64, dtype=torch.int64, device=dev)
-    perm[pos.reshape(-1)] = (order[:, None] * 64 + torch.arange(64, device=dev)).reshape(-1)
+    start = (base[run] + 4 * t).to(dtype)
+    step = line[run].to(dtype)
+    voxel = order.to(dtype) * 64
+    perm = torch.full((total,), nb * 64, dtype=dtype, device=dev)
+    ar64 = torch.arange(64, dtype=dtype, device=dev)
+    for sl in _chunks(nb, dev, CPU_BRICKS):
+        pos = start[sl, None] + sub[None, :] * step[sl, None] + local[None, :, axis]
+        perm[pos.reshape(-1).to(torch.int64)] = (voxel[sl, None] + ar64).reshape(-1)
+    real = (perm < nb * 64).nonzero().squeeze(1)  # the slots that hold a voxel, increasing
     if dev.type == "cuda" or total <= rows:
-        return perm, [0, total]
+        return perm, real, [(0, total, 0, real.numel())]
     cut = torch.ones(base.numel(), dtype=torch.bool, device=dev)
     cut[1:] = (base[1:] // rows) != (base[:-1] // rows)
-    return perm, base[cut].tolist() + [total]
+    bounds = torch.cat((base[cut], base.new_tensor([total])))
+    rb = torch.searchsorted(real, bounds).tolist()
+    bounds = bounds.tolist()
+    return perm, real, list(zip(bounds[:-1], bounds[1:], rb[:-1], rb[1:], strict=True))
 
 
-def _pass(g: torch.Tensor, site: torch.Tensor, perm: torch.Tensor, bounds: list[int], pk: _Packing) -> None:
-    """One 1-D pass in place: ``g[x] <- min_d g[x + d e] + d^2`` (packed, see module doc), ``site[x]`` <-
-    the site of the argmin. ``g``/``site`` have one extra entry (the empty slot) at the end."""
-    n_vox = g.numel() - 1
-    w = pk.window
-    dev = g.device
-    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
-        idx = perm[s:e]
-        n = e - s
-        src = g[idx]
-        best = src + w
-        tmp = torch.empty_like(best)
-        for d in range(1, min(w, n - 1) + 1):
-            c = (d * d) << pk.bits
-            m = n - d
-            torch.add(src[d:], c + w + d, out=tmp[:m])
-            torch.minimum(best[:m], tmp[:m], out=best[:m])
-            torch.add(src[:m], c + w - d, out=tmp[:m])
-            torch.minimum(best[d:], tmp[:m], out=best[d:])
-        d2 = best >> pk.bits
-        ok = d2 <= pk.dc2
-        at = (torch.arange(n, device=dev) + (best & pk.mask) - w).clamp_(0, n - 1)
-        new_site = torch.where(ok, site[idx[at]], torch.full_like(best, -1, dtype=site.dtype))
-        g[idx] = torch.where(ok, d2 << pk.bits, torch.full_like(best, pk.inf))
-        site[idx] = new_site
-        g[n_vox] = pk.inf  # empty slots wrote into the sentinel
-        site[n_vox] = -1
+def _window_min(f: torch.Tensor, w: int) -> torch.Tensor:
+    """``min_{|d| <= w} f[p + d] + d^2`` over a float32 slot chunk that starts with ``w`` empty slots and
+    whose lines are each followed by ``>= w`` empty slots (inf), so shifted slices never mix lines. The
+    first and last ``w`` results are garbage (empty slots)."""
+    n = f.numel()
+    best = f.clone()
+    tmp = torch.empty_like(f)
+    for d in range(1, w + 1):
+        m = n - 2 * d
+        if m <= 0:
+            break
+        t = tmp[:m]
+        torch.minimum(f[2 * d :], f[:m], out=t)
+        t += float(d * d)
+        torch.minimum(best[d : n - d], t, out=best[d : n - d])
+    return best
 
 
-def nearest_sites(
-    bricks: torch.Tensor, site_vox: torch.Tensor, dc2: int, rows: int = CPU_ROWS
+def _line_min(dp: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
+    """Squared 1-D distance from every slot to the nearest crossing on its line, float32.
+
+    ``dp``/``dm`` (float32, NaN = none): the slot's crossing at ``+dp`` / ``-dm`` voxels along the line
+    (both in ``[0, 0.5]``). A voxel's crossings lie within half a voxel of it, so the nearest crossing
+    left of a slot belongs to the slot itself or to the nearest voxel on the left that has one (its
+    rightmost crossing), and symmetrically on the right. Distances are formed from the integer slot
+    difference and the offsets only, so equal lines give equal bits wherever they sit in the layout.
+    Lines are separated by empty slots; a value that reaches across them is larger than the margin.
+    """
+    n = dp.numel()
+    far = 1 << 30  # "no voxel": its distances are huge (or NaN, which fmin ignores)
+    ar = torch.arange(n, dtype=torch.int32, device=dp.device)
+    no_p, no_m = torch.isnan(dp), torch.isnan(dm)
+    has = ~(no_p & no_m)
+    hi = torch.where(no_p, -dm, dp)  # each slot's rightmost crossing (NaN: none)
+    lo = torch.where(no_m, dp, -dm)  # and leftmost
+    left = torch.cummax(torch.where(has, ar, -far), 0)[0]
+    left = torch.cat((left.new_full((1,), -far), left[:-1]))  # strictly left
+    right = torch.cummin(torch.where(has, ar, far).flip(0), 0)[0].flip(0)
+    right = torch.cat((right[1:], right.new_full((1,), far)))  # strictly right
+    dl = (ar - left).to(torch.float32) - hi[left.clamp(min=0)]
+    dr = (right - ar).to(torch.float32) + lo[right.clamp(max=n - 1)]
+    best = torch.fmin(torch.fmin(dl * dl, dr * dr), torch.fmin(dp * dp, dm * dm))
+    return torch.nan_to_num_(best, nan=math.inf)
+
+
+def squared_distances(
+    bricks: torch.Tensor,
+    site_vox: torch.Tensor,
+    site_t: torch.Tensor,
+    margin: int,
+    axes: tuple[int, ...] = (2, 1, 0),
+    rows: int = CPU_ROWS,
 ) -> torch.Tensor:
-    """Exact nearest site voxel of every voxel of a brick domain.
+    """Exact squared Euclidean distance (voxels^2) from every voxel centre of a brick domain to the
+    nearest crossing point.
 
     Args:
-        bricks: int64 ``[B, 3]`` sorted (by key) unique bricks; must contain every site's brick.
-        site_vox: int64 ``[S, 3]`` site voxels.
-        dc2: squared cut-off (voxels^2): sites farther than ``sqrt(dc2)`` are ignored.
+        bricks: int64 ``[B, 3]`` sorted (by key) unique bricks; must contain every site voxel's brick.
+        site_vox: int64 ``[S, 3]`` site voxels; ``site_t``: float32 ``[S, 6]`` their crossings,
+            ``(+i, -i, +j, -j, +k, -k)`` offsets in ``[0, 0.5]`` voxels from the centre, NaN = none.
+        margin: ``M``: the window of the integer passes (offsets ``|d| <= M`` per axis).
+        axes: the crossing orientations present (an occupancy map's centres are ``+k`` slots only).
     Returns:
-        int64 ``[B, 64]`` (brick offset order): index into ``site_vox`` of the nearest site by centre
-        distance, ties to the smallest ``(i, j, k)``, among the sites reachable through the domain's
-        voxels (all sites within the box of half-width ``floor(sqrt(dc2))`` around the voxel when the
-        domain contains that box's intermediate lines); -1 where none is within ``sqrt(dc2)``.
+        float32 ``[B, 64]`` (brick offset order); inf where no crossing is reachable. Exact (up to float32
+        rounding of the per-crossing sum) for every crossing whose voxel lies within the box of half-width
+        ``M`` around the voxel when the domain holds that box; values from farther crossings are
+        larger than ``(M - 1/2)^2``.
+
+    Per orientation ``a`` (crossings on the lines along ``a``): a 1-D pass along ``a`` on the crossings
+    (nearest left/right by a cumulative max/min), then min-plus passes with ``d^2`` along the other two
+    axes. Orientations k and j share their last pass (along i): k, j(k), j, k(j), i(min), then i, j, k.
     """
     dev = bricks.device
     nb = bricks.shape[0]
-    pk = _Packing(dc2, math.isqrt(dc2))
-    g = torch.full((nb * 64 + 1,), pk.inf, dtype=pk.dtype, device=dev)
-    site = torch.full((nb * 64 + 1,), -1, dtype=pk.dtype, device=dev)
-    if site_vox.shape[0]:
-        b = torch.searchsorted(voxel_keys(bricks), voxel_keys(site_vox >> 2))
-        at = b * 64 + brick_offsets(site_vox)
-        g[at] = 0
-        site[at] = torch.arange(site_vox.shape[0], device=dev, dtype=pk.dtype)
-    for axis in (2, 1, 0):
-        perm, bounds = _line_layout(bricks, axis, pk.window, rows)
-        _pass(g, site, perm, bounds, pk)
-        del perm
-    return site[:-1].reshape(nb, 64).to(torch.int64)
+    n = nb * 64
+    at = torch.searchsorted(voxel_keys(bricks), voxel_keys(site_vox >> 2)) * 64 + brick_offsets(site_vox)
+    layouts: dict[int, tuple] = {}
 
+    def layout(axis):
+        if axis not in layouts:
+            layouts[axis] = _line_layout(bricks, axis, margin + 1, rows)
+        return layouts[axis]
 
-def site_distances(
-    bricks: torch.Tensor,
-    nearest: torch.Tensor,
-    site_vox: torch.Tensor,
-    site_t: torch.Tensor,
-    rows: int = CPU_BRICKS,
-) -> torch.Tensor:
-    """float32 ``[B, 64]`` distance (voxels) from each voxel centre of ``bricks`` (int64 ``[B, 3]``) to the
-    nearest crossing of its site voxel ``nearest`` (int64 ``[B, 64]``, -1: none -> inf). Element-wise
-    float32 arithmetic only, so equal inputs give equal bits whatever the batch."""
-    dev = bricks.device
-    out = torch.empty(nearest.shape, dtype=torch.float32, device=dev)
-    local = _brick_local(dev)
-    for sl in _chunks(bricks.shape[0], dev, rows):
-        sid = nearest[sl]
-        ok = sid >= 0
-        s = sid.clamp(min=0)
-        dv = (site_vox[s] - (bricks[sl, None, :] * 4 + local[None])).to(torch.float32)  # [m, 64, 3]
-        tt = site_t[s]  # [m, 64, 6]
-        best = torch.full(sid.shape, math.inf, device=dev)
-        for k in range(6):
-            comps = [dv[..., a] for a in range(3)]
-            a = _SLOT_AXIS[k]
-            comps[a] = comps[a] + tt[..., k] * _SLOT_SIGN[k]
-            d2 = comps[0] * comps[0] + comps[1] * comps[1] + comps[2] * comps[2]
-            best = torch.minimum(best, torch.where(torch.isnan(d2), torch.full_like(d2, math.inf), d2))
-        out[sl] = torch.where(ok, torch.sqrt(best), torch.full_like(best, math.inf))
-    return out
+    def crossings(axis):
+        out = []
+        for col in (2 * axis, 2 * axis + 1):
+            d = torch.full((n + 1,), math.nan, dtype=torch.float32, device=dev)
+            d[at] = site_t[:, col]
+            out.append(d)
+        return out
+
+    def run(axis, jobs):
+        perm, real, chunks = layout(axis)
+        for s, e, r0, r1 in chunks:
+            at_slot = real[r0:r1]
+            where = (perm[at_slot], at_slot - s)  # voxels of the chunk, and their slots in it
+            for job in jobs:
+                job(perm[s:e], where)
+
+    def line_job(out, axis):
+        dp, dm = crossings(axis)
+
+        def job(idx, where):
+            out[where[0]] = _line_min(dp[idx], dm[idx])[where[1]]
+
+        return job
+
+    lead = None
+
+    def window_job(arr):
+        def job(idx, where):
+            nonlocal lead
+            if lead is None:
+                lead = torch.full((margin,), n, dtype=idx.dtype, device=dev)
+            arr[where[0]] = _window_min(arr[torch.cat((lead, idx))], margin)[margin:][where[1]]
+
+        return job
+
+    def fresh():
+        return torch.full((n + 1,), math.inf, dtype=torch.float32, device=dev)
+
+    a = b = c = None
+    if 2 in axes:
+        a = fresh()
+        run(2, [line_job(a, 2)])
+    jobs = [window_job(a)] if a is not None else []
+    if 1 in axes:
+        b = fresh()
+        jobs.append(line_job(b, 1))
+    if jobs:
+        run(1, jobs)
+    if b is not None:
+        run(2, [window_job(b)])
+        a = b if a is None else torch.minimum(a, b, out=a)
+        del b
+    jobs = [window_job(a)] if a is not None else []
+    if 0 in axes:
+        c = fresh()
+        jobs.append(line_job(c, 0))
+    if jobs:
+        run(0, jobs)
+    if c is not None:
+        run(1, [window_job(c)])
+        run(2, [window_job(c)])
+        a = c if a is None else torch.minimum(a, c, out=a)
+    if a is None:
+        a = fresh()
+    return a[:n].reshape(nb, 64)
 
 
 # ---------------------------------------------------------------------------------------- integrator
@@ -399,16 +461,17 @@ class EsdfIntegrator:
                 raise InvalidArgument(f"{name}: expected a finite value > 0, got {x}")
         self.voxel_size_m = float(voxel_size_m)
         self.max_distance_m = float(max_distance_m)
-        dc = self.max_distance_m / self.voxel_size_m + 0.5
-        if dc > 4096:
+        reach = self.max_distance_m / self.voxel_size_m
+        if reach > 4096:
             raise InvalidArgument(
-                f"max_distance_m: {max_distance_m} m is {dc:.0f} voxels; at most 4096 voxels are supported"
+                f"max_distance_m: {max_distance_m} m is {reach:.0f} voxels; at most 4096 voxels are supported"
             )
         self.device = torch.device(device)
         self.cpu_rows = int(cpu_rows)
-        self.dc2 = math.floor(dc * dc)  # squared cut-off on site-centre distances, voxels^2
-        self.window = math.isqrt(self.dc2)  # W: the largest offset along one axis
-        self.brick_radius = -(-self.window // 4)  # Rb = ceil(W / 4)
+        # M: a crossing within max_distance of a voxel lies in a site voxel within floor(reach + 1/2) of it
+        # along every axis; one more voxel keeps float rounding at the cut-off out of the question.
+        self.margin = math.floor(reach + 0.5) + 1
+        self.brick_radius = -(-self.margin // 4)  # Rb = ceil(M / 4)
         self.layer = BrickLayer(esdf_fields(self.max_distance_m), self.device)
         self.last: dict = {}
 
@@ -417,26 +480,27 @@ class EsdfIntegrator:
         """Bring the ESDF up to date after the source voxels in the ``dirty`` bricks changed.
 
         Args:
-            tsdf, occupancy: the map's source layers (None when absent); the TSDF gives the sites when
-                present, else the occupancy layer.
+            tsdf, occupancy: the map's source layers (None when absent); the TSDF gives the surface
+                when present, else the occupancy layer.
             dirty: list of int64 ``[B, 3]`` brick coordinates (``voxel >> 2``) whose source data changed
                 since the previous call (duplicates allowed).
-            tsdf_config: unused (sites come from the stored values); accepted for the Map's call.
+            tsdf_config: unused (the surface comes from the stored values); accepted for the Map's call.
         Returns:
             ``{"skipped", "recomputed_voxels", "computed_voxels", "sites", "bricks_freed", "ms"}``;
             ``skipped`` (nothing dirty: returns at once, no tensor touched).
         """
-        if not dirty or all(t.shape[0] == 0 for t in dirty):
+        if not dirty or all(isinstance(t, torch.Tensor) and t.shape[0] == 0 for t in dirty):
             return {"skipped": True, "recomputed_voxels": 0, "computed_voxels": 0, "sites": 0, "ms": 0.0}
         t0 = time.perf_counter()
         delta = _unique_bricks(torch.cat([self._check_dirty(t) for t in dirty]))
-        # Margins. Source data changed only in the delta bricks. A site voxel depends on its own voxel and
-        # its 6 neighbours, so sites can change only within 1 brick of delta (S = delta + 1). A stored
-        # value depends on the sites within W (box) of the voxel, and domain membership on the sites
-        # within Rb bricks; both change only in O = S + Rb bricks (sign/observed: in delta, inside O).
-        # Recomputing O needs every site within W of O and the transform's intermediate values on the
-        # lines between a voxel and such a site, all inside the box of half-width W around the voxel:
-        # R = O + Rb bricks. The domain there is (sites in R) + Rb, intersected with R.
+        # Margins (M voxels, Rb = ceil(M / 4) bricks). Source values changed only in the delta bricks. The
+        # crossings filed under a voxel depend on it and its 6 neighbours, so site voxels change only
+        # within 1 brick of delta: S = delta + 1. A stored value depends on the site voxels within M (box)
+        # of the voxel, domain membership on those within Rb bricks: both change only in O = S + Rb
+        # (sign/observed change in delta, inside O). Recomputing O exactly needs every site voxel within M
+        # of O and the intermediate values on the lines between a voxel and such a site voxel, all inside
+        # the box of half-width M around the voxel: R = O + Rb. The domain computed is (site bricks in
+        # R) + Rb, restricted to R, which holds every domain voxel of those boxes.
         out_region = _dilate_bricks(delta, 1 + self.brick_radius)
         region = _dilate_bricks(delta, 1 + 2 * self.brick_radius)
         res = self._recompute(tsdf, occupancy, region, out_region)
@@ -464,7 +528,7 @@ class EsdfIntegrator:
             "bytes": la.nbytes,
             "topology_bytes": la.grid.nbytes + la.slots.numel() * la.slots.element_size(),
             "max_distance_m": self.max_distance_m,
-            "window_vox": self.window,
+            "margin_vox": self.margin,
             "last_update": dict(self.last),
         }
 
@@ -499,11 +563,11 @@ class EsdfIntegrator:
         freed = self._free_outside(write, out_region)
         n_write = write.shape[0]
         if n_write:
-            nearest = nearest_sites(domain, site_vox, self.dc2, self.cpu_rows)
+            axes = (2, 1, 0) if tsdf is not None else (2,)
+            d2 = squared_distances(domain, site_vox, site_t, self.margin, axes, self.cpu_rows)
             if out_region is not None:
-                nearest = nearest[_member(voxel_keys(domain), voxel_keys(write))]
-            dist = site_distances(write, nearest, site_vox, site_t) * self.voxel_size_m
-            dist = torch.clamp(dist, max=self.max_distance_m)
+                d2 = d2[_member(voxel_keys(domain), voxel_keys(write))]
+            dist = torch.clamp(torch.sqrt(d2) * self.voxel_size_m, max=self.max_distance_m)
             inside, observed = sign_observed(tsdf, occ, write)
             slots = self.layer.allocate(write)
             self.layer.pool.scatter("esdf", slots, torch.where(inside, -dist, dist))
