@@ -266,8 +266,10 @@ class Map:
             if slots.numel() == 0:
                 continue
             if name == "tsdf":
-                w = layer.pool.gather("weight", slots).to(torch.float32) * f
+                w_old = layer.pool.gather("weight", slots).to(torch.float32)
+                w = w_old * f
                 dead = w < th
+                died = dead & (w_old > 0)
                 w = torch.where(dead, torch.zeros_like(w), w)
                 t = torch.where(dead, torch.zeros_like(w), layer.pool.gather("tsdf", slots).to(torch.float32))
                 layer.pool.scatter("weight", slots, w)
@@ -277,10 +279,14 @@ class Map:
                     layer.pool.scatter("color_weight", slots, torch.where(dead, torch.zeros_like(cw), cw))
                 alive = ~dead.all(dim=1)
             else:
-                lo = layer.pool.gather("log_odds", slots).to(torch.float32) * f
+                lo_old = layer.pool.gather("log_odds", slots).to(torch.float32)
+                lo = lo_old * f
                 lo = torch.where(lo.abs() < th, torch.full_like(lo, float("nan")), lo)
+                died = torch.isnan(lo) & ~torch.isnan(lo_old)
                 layer.pool.scatter("log_odds", slots, lo)
                 alive = ~torch.isnan(lo).all(dim=1)
+            if self._esdf is not None:  # voxels that became unobserved in surviving bricks
+                self._dirty_bricks.append(bricks[died.any(dim=1) & alive])
             freed[name] = self._free_bricks(layer, bricks, ~alive)
         self.version += 1
         return {"bricks_freed": freed}

@@ -482,11 +482,6 @@ def test_incremental_equals_cold_map(layers):
     assert st["voxels"] == 0 and st["bytes"] < 1024  # the pages are given back
 
 
-@pytest.mark.xfail(
-    reason="Map.decay does not mark bricks dirty whose voxels partly became unobserved (see the ESDF report);"
-    " remove this marker once it does",
-    strict=True,
-)
 def test_incremental_equals_cold_partial_decay():
     """Voxels of a brick die while the brick survives: the surface changes, so the ESDF must follow."""
     m = mapper.Map(VOX, layers=("tsdf", "esdf"), device="cpu", esdf_max_distance_m=0.3)
@@ -552,6 +547,26 @@ def test_values_reachable_by_voxel_lookup(device):
     assert torch.equal(integ.layer.pool.gather("observed", slot, off), d["observed"])
     st = integ.stats()
     assert st["voxels"] == g.num_voxels and st["bytes"] >= 5 * g.num_voxels
+
+
+@pytest.mark.parametrize("p", [0.0, 0.02, 0.5, 1.0])
+def test_nearest_marked_forms_agree(device, p):
+    """The two forms of the nearest-marked-slot search (prefix count on CUDA, running max on the CPU)."""
+    from mapper.integrators.esdf import _nearest_marked
+
+    g = torch.Generator().manual_seed(int(p * 100))
+    for n in (1, 2, 5, 3000):
+        has = (torch.rand(n, generator=g) < p).to(device)
+        ar = torch.arange(n, dtype=torch.int32, device=device)
+        a = _nearest_marked(has, ar, 1 << 30, by_count=True)
+        b = _nearest_marked(has, ar, 1 << 30, by_count=False)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        marked = has.nonzero().squeeze(1).tolist()
+        for i in range(0, n, max(n // 50, 1)):
+            lefts = [m for m in marked if m < i]
+            rights = [m for m in marked if m > i]
+            assert int(a[0][i]) == (lefts[-1] if lefts else -(1 << 30))
+            assert int(a[1][i]) == (rights[0] if rights else 1 << 30)
 
 
 def test_argument_errors():

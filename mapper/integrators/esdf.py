@@ -247,9 +247,11 @@ def _line_layout(bricks: torch.Tensor, axis: int, pad: int, rows: int):
     """Slot layout of the voxels of the sorted unique ``bricks`` (``[B, 3]``) as lines along ``axis``.
 
     Each maximal run of ``n`` consecutive bricks along ``axis`` (same other two coordinates) gives 16
-    lines of ``4 n`` voxels, each followed by ``pad`` empty slots. Returns ``perm`` (int32 or int64
-    ``[P]``: slot -> voxel index ``brick * 64 + offset``, ``64 B`` for an empty slot) and the chunk
-    boundaries (a list of slot indices; chunks hold whole runs and about ``rows`` slots).
+    lines of ``4 n`` voxels, each followed by ``pad`` empty slots. Returns ``perm`` (``[P]``, int32 where
+    it fits, else int64: slot -> voxel index ``brick * 64 + offset``, ``64 B`` for an empty slot),
+    ``real`` (same dtype: the slots that hold a voxel, increasing) and the chunks as ``(first slot, end
+    slot, first index into real, end index into real)``; a chunk holds whole runs and about ``rows``
+    slots (one chunk on CUDA).
     """
     dev = bricks.device
     nb = bricks.shape[0]
@@ -278,7 +280,7 @@ def _line_layout(bricks: torch.Tensor, axis: int, pad: int, rows: int):
     for sl in _chunks(nb, dev, CPU_BRICKS):
         pos = start[sl, None] + sub[None, :] * step[sl, None] + local[None, :, axis]
         perm[pos.reshape(-1).to(torch.int64)] = (voxel[sl, None] + ar64).reshape(-1)
-    real = (perm < nb * 64).nonzero().squeeze(1)  # the slots that hold a voxel, increasing
+    real = (perm < nb * 64).nonzero().squeeze(1).to(dtype)  # the slots that hold a voxel, increasing
     if dev.type == "cuda" or total <= rows:
         return perm, real, [(0, total, 0, real.numel())]
     cut = torch.ones(base.numel(), dtype=torch.bool, device=dev)
@@ -307,6 +309,26 @@ def _window_min(f: torch.Tensor, w: int) -> torch.Tensor:
     return best
 
 
+def _nearest_marked(
+    has: torch.Tensor, ar: torch.Tensor, far: int, by_count: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every slot, the nearest slot strictly left / right with ``has`` set (int32; ``-far`` / ``far``
+    where none). Two equivalent forms (the same integers): on CUDA a prefix count and a lookup, because
+    a scan with indices (``torch.cummax``) runs one row per block there (~100x slower on a long row); on
+    the CPU the running max/min, which is 2x cheaper than the count and lookup (``by_count``: force)."""
+    if by_count if by_count is not None else has.device.type == "cuda":
+        count = torch.cumsum(has, 0, dtype=torch.int32)
+        pos = has.nonzero().squeeze(1).to(torch.int32)
+        left = torch.cat((pos.new_full((1,), -far), pos))[count - has.to(torch.int32)]
+        right = torch.cat((pos, pos.new_full((1,), far)))[count]
+        return left, right
+    left = torch.cummax(torch.where(has, ar, -far), 0)[0]
+    left = torch.cat((left.new_full((1,), -far), left[:-1]))
+    right = torch.cummin(torch.where(has, ar, far).flip(0), 0)[0].flip(0)
+    right = torch.cat((right[1:], right.new_full((1,), far)))
+    return left, right
+
+
 def _line_min(dp: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
     """Squared 1-D distance from every slot to the nearest crossing on its line, float32.
 
@@ -324,10 +346,7 @@ def _line_min(dp: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
     has = ~(no_p & no_m)
     hi = torch.where(no_p, -dm, dp)  # each slot's rightmost crossing (NaN: none)
     lo = torch.where(no_m, dp, -dm)  # and leftmost
-    left = torch.cummax(torch.where(has, ar, -far), 0)[0]
-    left = torch.cat((left.new_full((1,), -far), left[:-1]))  # strictly left
-    right = torch.cummin(torch.where(has, ar, far).flip(0), 0)[0].flip(0)
-    right = torch.cat((right[1:], right.new_full((1,), far)))  # strictly right
+    left, right = _nearest_marked(has, ar, far)
     dl = (ar - left).to(torch.float32) - hi[left.clamp(min=0)]
     dr = (right - ar).to(torch.float32) + lo[right.clamp(max=n - 1)]
     best = torch.fmin(torch.fmin(dl * dl, dr * dr), torch.fmin(dp * dp, dm * dm))
@@ -430,8 +449,10 @@ def squared_distances(
         jobs.append(line_job(c, 0))
     if jobs:
         run(0, jobs)
+    layouts.pop(0, None)
     if c is not None:
         run(1, [window_job(c)])
+        layouts.pop(1, None)
         run(2, [window_job(c)])
         a = c if a is None else torch.minimum(a, c, out=a)
     if a is None:
