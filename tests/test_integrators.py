@@ -141,7 +141,7 @@ def test_occupancy_log_odds_clamped_and_hit_wins(device):
     for _ in range(3):
         m.integrate_lidar(pts, T)
     g, d = m.layer("occupancy")
-    i5 = g.ijk_to_index(torch.tensor([[5, 0, 0]]))
+    i5 = g.ijk_to_index(torch.tensor([[5, 0, 0]], device=g.device))
     assert float(d["log_odds"][i5]) == pytest.approx(1.0, abs=1e-3)  # clamped, hit won over the miss
 
 
