@@ -234,6 +234,11 @@ class BrickLayer:
         self.pool = PagedPool(fields, device, page_bricks)
         self.version = 0
         self.last_bricks = torch.zeros((0, 3), dtype=torch.int64, device=device)
+        # change tracking for incremental consumers (meshing): the layer version at which each brick was
+        # last written (leaf-level sidecar like ``slots``), and a log of removed bricks
+        self.brick_versions = torch.zeros((0, 8), dtype=torch.int64, device=device)
+        self.removed_log: list[tuple[int, torch.Tensor]] = []
+        self.removed_log_limit = 1024
 
     @property
     def num_bricks(self) -> int:
@@ -256,10 +261,12 @@ class BrickLayer:
             return torch.zeros(0, dtype=torch.int64, device=self.device)
         shell, leaf_of, b = bricks_grid(brick_ijk)
         merged, pos_old, pos_shell = self.grid.merged_grid_with_positions(shell)
-        slots = self.slots
+        slots, bver = self.slots, self.brick_versions
         if merged.num_leaves != self.grid.num_leaves:
             slots = torch.full((merged.num_leaves, 8), -1, dtype=torch.int32, device=self.device)
             slots[pos_old] = self.slots
+            bver = torch.full((merged.num_leaves, 8), -1, dtype=torch.int64, device=self.device)
+            bver[pos_old] = self.brick_versions
         leaf = pos_shell[leaf_of]
         cur = slots[leaf, b]
         missing = cur < 0
@@ -269,9 +276,37 @@ class BrickLayer:
             cur = cur.to(torch.int64)
             cur[missing] = fresh
             slots[leaf[missing], b[missing]] = fresh.to(torch.int32)
-        self.grid, self.slots = merged, slots
         self.version += 1
+        bver[leaf, b] = self.version
+        self.grid, self.slots, self.brick_versions = merged, slots, bver
         return cur.to(torch.int64)
+
+    def touch(self, brick_ijk: torch.Tensor) -> None:
+        """Record that the (existing) bricks' voxels changed without an allocation (decay, clearing)."""
+        if brick_ijk.shape[0] == 0:
+            return
+        leaf = self.grid.ijk_to_leaf(brick_ijk << 2)
+        ok = leaf >= 0
+        self.version += 1
+        self.brick_versions[leaf[ok], brick_in_leaf(brick_ijk[ok] << 2)] = self.version
+
+    def changed_since(self, version: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Bricks written after ``version`` (int64 ``[C, 3]``) and bricks removed after it (``[R, 3]``), or
+        None when the removal log no longer reaches back that far (the caller must start over)."""
+        if (
+            self.removed_log
+            and version < self.removed_log[0][0] - 1
+            and len(self.removed_log) >= self.removed_log_limit
+        ):
+            return None
+        bricks, _ = self.brick_table()
+        leaf, b = (self.slots >= 0).nonzero(as_tuple=True)
+        changed = bricks[self.brick_versions[leaf, b] > version]
+        removed = [r for v, r in self.removed_log if v > version]
+        removed = (
+            torch.cat(removed) if removed else torch.zeros((0, 3), dtype=torch.int64, device=self.device)
+        )
+        return changed, removed
 
     # -- lookup ---------------------------------------------------------------------------------------
     def voxel_slots(self, ijk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -300,16 +335,56 @@ class BrickLayer:
         if not bool(drop.any()):
             return
         self.pool.release(self.slots[drop].to(torch.int64))
+        leaf, b = drop.nonzero(as_tuple=True)
+        lc = self.grid.leaf_ijk.to(torch.int64)[leaf]
+        gone = lc * 2 + torch.stack(((b >> 2) & 1, (b >> 1) & 1, b & 1), dim=1)
         slots = self.slots.clone()
         slots[drop] = -1
         keep_leaf = (slots >= 0).any(dim=1)
         masks = brick_masks(slots >= 0)
         self.grid = IndexGrid._from_leaves(self.grid.leaves.keys[keep_leaf], masks[keep_leaf])
         self.slots = slots[keep_leaf].contiguous()
+        self.brick_versions = self.brick_versions[keep_leaf].contiguous()
         self.version += 1
+        self.removed_log.append((self.version, gone))
+        if len(self.removed_log) > self.removed_log_limit:
+            self.removed_log.pop(0)
 
     def clear(self) -> None:
         self.release_bricks(torch.ones_like(self.slots, dtype=torch.bool))
+
+    # -- persistence ----------------------------------------------------------------------------------
+    def state_tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        """The layer as flat tensors (compacted: only allocated bricks, in slot order of a fresh pool)."""
+        bricks, slots = self.brick_table()
+        out = {f"{prefix}.bricks": bricks.cpu()}
+        for name in self.pool.fields:
+            out[f"{prefix}.{name}"] = (
+                self.pool.gather(name, slots).cpu()
+                if slots.numel()
+                else torch.zeros(
+                    (0, BRICK_VOXELS, *self.pool.fields[name].shape), dtype=self.pool.fields[name].dtype
+                )
+            )
+        return out
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], prefix: str) -> None:
+        """Restore from :meth:`state_tensors` into this (empty) layer."""
+        bricks = tensors[f"{prefix}.bricks"].to(self.device, torch.int64)
+        if bricks.shape[0] == 0:
+            return
+        from .integrators.common import unique_voxels
+
+        if unique_voxels(bricks).shape[0] != bricks.shape[0]:
+            raise ValueError(f"{prefix}.bricks: duplicate bricks in the snapshot")
+        slots = self.allocate(bricks)
+        for name, spec in self.pool.fields.items():
+            t = tensors[f"{prefix}.{name}"].to(self.device, spec.dtype)
+            if tuple(t.shape) != (bricks.shape[0], BRICK_VOXELS, *spec.shape):
+                raise ValueError(
+                    f"{prefix}.{name}: shape {list(t.shape)} does not match {bricks.shape[0]} bricks"
+                )
+            self.pool.scatter(name, slots, t)
 
     # -- views ----------------------------------------------------------------------------------------
     def voxel_view(self, names) -> tuple[IndexGrid, dict[str, torch.Tensor]]:

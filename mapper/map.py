@@ -287,6 +287,7 @@ class Map:
                 alive = ~torch.isnan(lo).all(dim=1)
             if self._esdf is not None:  # voxels that became unobserved in surviving bricks
                 self._dirty_bricks.append(bricks[died.any(dim=1) & alive])
+            layer.touch(bricks[alive])
             freed[name] = self._free_bricks(layer, bricks, ~alive)
         self.version += 1
         return {"bricks_freed": freed}
@@ -333,6 +334,7 @@ class Map:
             if bool(part.any()):
                 b, o = part.nonzero(as_tuple=True)
                 self._reset_voxels(layer, name, slots[b], brick_offsets(vox[b, o]))
+                layer.touch(bricks[part.any(dim=1)])
                 if self._esdf is not None:
                     self._dirty_bricks.append(bricks[part.any(dim=1)])
             freed[name] = self._free_bricks(layer, bricks, full)
@@ -362,6 +364,43 @@ class Map:
         if t.numel() != 3 or not bool(torch.isfinite(t).all()):
             raise InvalidArgument(f"{name}: expected 3 finite numbers")
         return t.to(self.device)
+
+    # ---------------------------------------------------------------------------------- persistence
+    def config(self) -> dict:
+        """The constructor arguments (JSON-serialisable); ``Map(**m.config())`` makes an empty twin."""
+        return {
+            "voxel_size_m": self.voxel_size_m,
+            "layers": list(self.layers),
+            "truncation_vox": self.tsdf_config.truncation_vox,
+            "esdf_max_distance_m": self.esdf_max_distance_m,
+            "max_range_m": self.max_range_m,
+            "tsdf_max_weight": self.tsdf_config.max_weight,
+            "tsdf_obs_weight": self.tsdf_config.obs_weight,
+            "occupancy": {
+                k: getattr(self.occupancy_config, k) for k in ("l_hit", "l_miss", "clamp_min", "clamp_max")
+            },
+        }
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """(CPU tensors, JSON metadata) of the whole map. The ESDF is not stored: it is recomputed from the
+        surface on the first ``update_esdf`` after loading (it is a pure function of the surface)."""
+        tensors = {}
+        for name, layer in self._brick_layers():
+            tensors.update(layer.state_tensors(name))
+        meta = {"config": self.config(), "frames_integrated": self.frames_integrated, "version": self.version}
+        return tensors, meta
+
+    @classmethod
+    def from_state_dict(cls, tensors: dict[str, torch.Tensor], meta: dict, device=None) -> Map:
+        """Rebuild a map saved with :meth:`state_dict` (on ``device``, default: CUDA when available)."""
+        m = cls(**meta["config"], device=device)
+        for name, layer in m._brick_layers():
+            layer.load_state_tensors(tensors, name)
+            if m._esdf is not None:
+                m._dirty_bricks.append(layer.brick_table()[0])
+        m.frames_integrated = int(meta.get("frames_integrated", 0))
+        m.version = int(meta.get("version", 0))
+        return m
 
     # ---------------------------------------------------------------------------------------- views
     def layer(self, name: str) -> tuple[IndexGrid, dict[str, torch.Tensor]]:
