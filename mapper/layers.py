@@ -311,6 +311,8 @@ class BrickLayer:
     # -- lookup ---------------------------------------------------------------------------------------
     def voxel_slots(self, ijk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(slot int64, offset int64) of int64 ``[M, 3]`` voxels; slot -1 where the brick is absent."""
+        if self.grid.num_leaves == 0:
+            return torch.full((ijk.shape[0],), -1, dtype=torch.int64, device=ijk.device), brick_offsets(ijk)
         leaf = self.grid.ijk_to_leaf(ijk)
         b = brick_in_leaf(ijk)
         slot = torch.where(

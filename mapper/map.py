@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import torch
 
 from . import _validation as v
+from . import queries as Q
 from .errors import InvalidArgument, InvalidArgumentType, NotFound
 from .grid import IndexGrid
 from .integrators import occupancy as occ
@@ -402,6 +403,141 @@ class Map:
         m.version = int(meta.get("version", 0))
         return m
 
+    # -------------------------------------------------------------------------------------- queries
+    def _require(self, name: str):
+        layer = {"tsdf": self._tsdf, "occupancy": self._occ, "esdf": self._esdf}[name]
+        if layer is None:
+            raise NotFound(f"layer {name!r} is not enabled on this map (layers: {self.layers})")
+        return layer
+
+    def _esdf_current(self):
+        esdf = self._require("esdf")
+        if self._dirty_bricks:
+            self.update_esdf()
+        return esdf
+
+    def query_tsdf(self, points_world) -> tuple[torch.Tensor, torch.Tensor]:
+        """Trilinear TSDF at ``[M, 3]`` world points: (tsdf float32 [M] metres, NaN where any of the 8
+        corner voxels is unobserved; weight float32 [M], 0 there)."""
+        layer = self._require("tsdf")
+        p = Q.check_query_points("points_world", points_world, self.device)
+        _, frac, ok, vals, present = Q.gather_corners(
+            layer, p, self.voxel_size_m, ["tsdf", "weight"], [0.0, 0.0]
+        )
+        obs = (present & (vals["weight"] > 0)).all(dim=1) & ok
+        t, _ = Q.masked_trilinear(vals["tsdf"], frac, obs, self.voxel_size_m)
+        w, _ = Q.masked_trilinear(vals["weight"], frac, obs, self.voxel_size_m)
+        return t, torch.nan_to_num(w, nan=0.0)
+
+    def query_occupancy(self, points_world) -> tuple[torch.Tensor, torch.Tensor]:
+        """Occupancy of the voxel holding each ``[M, 3]`` world point: (state int8 [M]: -1 unknown, 0 free,
+        1 occupied; probability float32 [M], 0.5 where unknown)."""
+        layer = self._require("occupancy")
+        p = Q.check_query_points("points_world", points_world, self.device)
+        ijk, ok = Q.voxel_of(p, self.voxel_size_m)
+        (lo,), present = Q.gather_voxels(layer, ijk, ["log_odds"], [float("nan")])
+        known = ok & present & ~torch.isnan(lo)
+        state = torch.where(known, torch.where(lo > 0, 1, 0), -1).to(torch.int8)
+        prob = torch.where(known, torch.sigmoid(torch.nan_to_num(lo)), torch.full_like(lo, 0.5))
+        return state, prob
+
+    def query_distance(self, points_world) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Signed distance at ``[M, 3]`` world points, trilinear in the ESDF voxels: (distance float32 [M]
+        metres, NaN where unknown; gradient float32 [M, 3] of the interpolant; observed bool [M]). Voxels
+        farther than ``esdf_max_distance_m`` from every surface that the map has observed count as that
+        distance. Brings the ESDF up to date first (free when nothing changed)."""
+        esdf = self._esdf_current()
+        p = Q.check_query_points("points_world", points_world, self.device)
+        s, md = self.voxel_size_m, self.esdf_max_distance_m
+        ijk, frac, ok, vals, present = Q.gather_corners(esdf.layer, p, s, ["esdf", "observed"], [md, 0.0])
+        d = vals["esdf"]
+        obs = present & (vals["observed"] > 0)
+        absent = ~present
+        if bool(absent.any()):
+            a_ijk = ijk[absent]
+            seen = torch.zeros(a_ijk.shape[0], dtype=torch.bool, device=self.device)
+            if self._tsdf is not None:
+                (w,), pr = Q.gather_voxels(self._tsdf, a_ijk, ["weight"], [0.0])
+                seen |= pr & (w > 0)
+            if self._occ is not None:
+                (lo,), pr = Q.gather_voxels(self._occ, a_ijk, ["log_odds"], [float("nan")])
+                seen |= pr & ~torch.isnan(lo)
+            obs[absent] = seen
+            d[absent] = md
+        all_obs = obs.all(dim=1) & ok
+        dist, grad = Q.masked_trilinear(d, frac, all_obs, s)
+        return dist, grad, all_obs
+
+    def _esdf_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
+        bricks, _ = self._esdf_current().layer.brick_table()
+        if bricks.shape[0] == 0:
+            raise InvalidArgument("the map has no ESDF yet: pass explicit bounds")
+        s4 = 4 * self.voxel_size_m
+        return bricks.min(dim=0).values.double() * s4, (bricks.max(dim=0).values + 1).double() * s4
+
+    def esdf_slice(
+        self, z_m, aabb_min_xy=None, aabb_max_xy=None, resolution_m=None, max_pixels=1 << 24
+    ) -> Q.Slice:
+        """The ESDF on the plane ``z = z_m`` over ``[aabb_min_xy, aabb_max_xy]`` (default: the ESDF's
+        extent) at ``resolution_m`` (default: the voxel size); NaN = unknown."""
+        z = float(z_m)
+        if not math.isfinite(z):
+            raise InvalidArgument(f"z_m: expected a finite number, got {z_m}")
+        res = self.voxel_size_m if resolution_m is None else _positive("resolution_m", resolution_m)
+        if aabb_min_xy is None or aabb_max_xy is None:
+            lo3, hi3 = self._esdf_bounds()
+        lo = self._vecn("aabb_min_xy", aabb_min_xy, 2) if aabb_min_xy is not None else lo3[:2]
+        hi = self._vecn("aabb_max_xy", aabb_max_xy, 2) if aabb_max_xy is not None else hi3[:2]
+        if bool((hi <= lo).any()):
+            raise InvalidArgument("aabb_max_xy: must exceed aabb_min_xy on both axes")
+        w = max(1, math.ceil(float(hi[0] - lo[0]) / res))
+        h = max(1, math.ceil(float(hi[1] - lo[1]) / res))
+        if w * h > max_pixels:
+            raise InvalidArgument(f"resolution_m: the slice would have {w}x{h} pixels (limit {max_pixels})")
+        xs = lo[0] + (torch.arange(w, device=self.device, dtype=torch.float64) + 0.5) * res
+        ys = lo[1] + (torch.arange(h, device=self.device, dtype=torch.float64) + 0.5) * res
+        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+        pts = torch.stack((gx, gy, torch.full_like(gx, z)), dim=-1).reshape(-1, 3)
+        d, _, _ = self.query_distance(pts)
+        return Q.Slice(d.reshape(h, w), (float(lo[0]), float(lo[1])), res, z)
+
+    def esdf_box(self, aabb_min, aabb_max, resolution_m=None, max_voxels=1 << 24) -> Q.EsdfBox:
+        """Dense ESDF, its gradient and the observed mask on a box (samples at voxel-size spacing by
+        default), like nvblox's EsdfAndGradients service."""
+        lo = self._vec3("aabb_min", aabb_min)
+        hi = self._vec3("aabb_max", aabb_max)
+        if bool((hi <= lo).any()):
+            raise InvalidArgument("aabb_max: must exceed aabb_min on every axis")
+        res = self.voxel_size_m if resolution_m is None else _positive("resolution_m", resolution_m)
+        n = [max(1, math.ceil(float(hi[a] - lo[a]) / res)) for a in range(3)]
+        if n[0] * n[1] * n[2] > max_voxels:
+            raise InvalidArgument(f"aabb_max: the box would have {n} samples (limit {max_voxels})")
+        axes = [
+            lo[a] + (torch.arange(n[a], device=self.device, dtype=torch.float64) + 0.5) * res
+            for a in range(3)
+        ]
+        pts = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)
+        d, g, o = self.query_distance(pts)
+        return Q.EsdfBox(d.reshape(*n), g.reshape(*n, 3), o.reshape(*n), tuple(lo.tolist()), res)
+
+    def raycast(self, T_world_sensor, K, width: int, height: int, max_range_m: float | None = None):
+        """Render depth (metres along the optical axis, 0 = nothing) and world normals [H, W, 3] of the TSDF
+        surface seen by a pinhole camera (OpenCV axes), by sphere tracing the trilinear TSDF."""
+        layer = self._require("tsdf")
+        T = check_pose("T_world_sensor", T_world_sensor, self.device)
+        Kt = check_intrinsics("K", K, self.device)
+        for name, val in (("width", width), ("height", height)):
+            if isinstance(val, bool) or not isinstance(val, int) or val <= 0 or val > 8192:
+                raise InvalidArgument(f"{name}: expected an int in [1, 8192], got {val!r}")
+        rng = self.max_range_m if max_range_m is None else _positive("max_range_m", max_range_m)
+        return raycast_tsdf(layer, T, Kt, width, height, self.voxel_size_m, self.tsdf_config.tau, rng)
+
+    def _vecn(self, name: str, x, n: int) -> torch.Tensor:
+        t = v.as_tensor(name, x).to(torch.float64).reshape(-1)
+        if t.numel() != n or not bool(torch.isfinite(t).all()):
+            raise InvalidArgument(f"{name}: expected {n} finite numbers")
+        return t.to(self.device)
+
     # ---------------------------------------------------------------------------------------- views
     def layer(self, name: str) -> tuple[IndexGrid, dict[str, torch.Tensor]]:
         """(grid, sidecars) of a layer in the grid's voxel order: a copy of the current epoch.
@@ -450,3 +586,59 @@ class Map:
             "layers": layers,
             "timings_ms": self._timer.resolve(),
         }
+
+
+def raycast_tsdf(layer, T, K, width, height, s, tau, max_range_m, chunk=1 << 16) -> Q.RaycastResult:
+    """Sphere tracing: step by the (positive) trilinear TSDF, at least half a voxel, one brick through
+    unallocated space, until the TSDF changes sign; the hit is the linear zero crossing."""
+    dev = T.device
+    u = torch.arange(width, device=dev, dtype=torch.float64)
+    vv = torch.arange(height, device=dev, dtype=torch.float64)
+    gv, gu = torch.meshgrid(vv, u, indexing="ij")
+    x = (gu - K[0, 2]) / K[0, 0]
+    y = (gv - K[1, 2]) / K[1, 1]
+    ray_c = torch.stack((x, y, torch.ones_like(x)), dim=-1).reshape(-1, 3)
+    znorm = torch.linalg.vector_norm(ray_c, dim=1)
+    dirs = (ray_c / znorm[:, None]) @ T[:3, :3].T
+    origin = T[:3, 3]
+    n = dirs.shape[0]
+    depth = torch.zeros(n, dtype=torch.float64, device=dev)
+    normals = torch.zeros((n, 3), dtype=torch.float64, device=dev)
+    max_steps = int(max_range_m / (0.5 * s)) + 2
+    for c0 in range(0, n, chunk):
+        idx = torch.arange(c0, min(c0 + chunk, n), device=dev)
+        t = torch.full((idx.numel(),), 0.5 * s, dtype=torch.float64, device=dev)
+        prev_t = t.clone()
+        prev_v = torch.full_like(t, float("nan"))
+        for _ in range(max_steps):
+            if idx.numel() == 0:
+                break
+            p = origin + dirs[idx] * t[:, None]
+            _, frac, ok, vals, present = Q.gather_corners(layer, p, s, ["tsdf", "weight"], [0.0, 0.0])
+            obs = (present & (vals["weight"] > 0)).all(dim=1) & ok
+            val, _ = Q.masked_trilinear(vals["tsdf"], frac, obs, s)
+            val = val.to(torch.float64)
+            hit = obs & (val <= 0) & torch.isfinite(prev_v) & (prev_v > 0)
+            if bool(hit.any()):
+                hi = hit.nonzero().squeeze(1)
+                th = prev_t[hi] + (t[hi] - prev_t[hi]) * prev_v[hi] / (prev_v[hi] - val[hi])
+                ph = origin + dirs[idx[hi]] * th[:, None]
+                _, fr2, _, v2, _ = Q.gather_corners(layer, ph, s, ["tsdf"], [0.0])
+                _, grad = Q.trilinear(v2["tsdf"].to(torch.float64), fr2, s)
+                nrm = grad / torch.linalg.vector_norm(grad, dim=1, keepdim=True).clamp(min=1e-12)
+                depth[idx[hi]] = th / znorm[idx[hi]]
+                normals[idx[hi]] = nrm
+            any_alloc = present.any(dim=1)
+            step = torch.where(
+                obs & (val > 0),
+                (0.8 * val).clamp(min=0.5 * s, max=tau),
+                torch.where(any_alloc, torch.full_like(t, 0.5 * s), torch.full_like(t, 2.0 * s)),
+            )
+            prev_t = torch.where(obs, t, prev_t)
+            prev_v = torch.where(obs, val, torch.where(any_alloc, prev_v, torch.full_like(val, float("nan"))))
+            t = t + step
+            live = ~hit & (t < max_range_m)
+            idx, t, prev_t, prev_v = idx[live], t[live], prev_t[live], prev_v[live]
+    return Q.RaycastResult(
+        depth.reshape(height, width).to(torch.float32), normals.reshape(height, width, 3).to(torch.float32)
+    )

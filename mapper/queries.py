@@ -1,0 +1,144 @@
+"""Point queries on map layers: trilinear interpolation with the gradient of the interpolant, nearest-voxel
+occupancy, dense slices and boxes of the ESDF, and ray casting of the TSDF.
+
+Unknown is never reported as free or as a distance: a trilinear value needs all 8 corner voxels observed,
+otherwise ``observed`` is False and the value NaN; occupancy reports -1 for never-observed voxels.
+Voxel (i, j, k) has its centre at ((i, j, k) + 0.5) * s, so a point p interpolates between the voxels
+``floor(p / s - 0.5) + {0, 1}^3``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InvalidArgument
+from .integrators.common import check_points
+from .layers import BrickLayer
+
+_CORNERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _corners(device: torch.device) -> torch.Tensor:
+    t = _CORNERS.get(device)
+    if t is None:
+        r = torch.arange(2)
+        t = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), dim=-1).reshape(8, 3).to(device)
+        _CORNERS[device] = t
+    return t
+
+
+def check_query_points(
+    name: str, points, device: torch.device, max_points: int | None = None
+) -> torch.Tensor:
+    """``[M, 3]`` float points -> float64 on ``device``. Non-finite points are allowed (they are unknown)."""
+    p = check_points(name, points, device)
+    if p.shape[1] != 3:
+        raise InvalidArgument(f"{name}: expected shape [M, 3], got {list(p.shape)}")
+    if max_points is not None and p.shape[0] > max_points:
+        raise InvalidArgument(f"{name}: {p.shape[0]} points exceed the limit of {max_points}")
+    return p.to(torch.float64)
+
+
+def voxel_of(points: torch.Tensor, s: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int64 voxel coordinates, bool finite-and-in-range) of float64 points."""
+    ok = torch.isfinite(points).all(dim=1)
+    q = torch.where(ok[:, None], points / s, torch.zeros_like(points))
+    ok &= (q.abs() < (1 << 20) - 8).all(dim=1)
+    q = torch.where(ok[:, None], q, torch.zeros_like(q))
+    return torch.floor(q).to(torch.int64), ok
+
+
+def gather_voxels(layer: BrickLayer, ijk: torch.Tensor, names: list[str], fills: list):
+    """Values of ``names`` at int64 ``[M, 3]`` voxels (``fills`` where the brick is absent) and presence."""
+    slot, off = layer.voxel_slots(ijk)
+    present = slot >= 0
+    out = []
+    for n, fill in zip(names, fills, strict=True):
+        vals = torch.full((ijk.shape[0],), fill, dtype=torch.float32, device=ijk.device)
+        if bool(present.any()):
+            idx = present.nonzero().squeeze(1)
+            vals[idx] = layer.pool.gather(n, slot[idx], off[idx]).to(torch.float32)
+        out.append(vals)
+    return out, present
+
+
+def trilinear(values: torch.Tensor, frac: torch.Tensor, s: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Interpolate ``[M, 8]`` corner values (corner order ``(a, b, c)`` in {0,1}^3, i-major) at fractional
+    offsets ``[M, 3]``; returns the value ``[M]`` and the gradient of the interpolant ``[M, 3]`` per metre."""
+    c = _corners(values.device).to(values.dtype)  # [8, 3]
+    f = frac[:, None, :].to(values.dtype)
+    w_axis = torch.where(c[None] == 1, f, 1 - f)  # [M, 8, 3]
+    w = w_axis.prod(dim=2)
+    val = (w * values).sum(dim=1)
+    sgn = torch.where(c == 1, 1.0, -1.0).to(values.dtype)  # d w_axis / d f
+    grads = []
+    for a in range(3):
+        others = [b for b in range(3) if b != a]
+        dw = sgn[None, :, a] * w_axis[:, :, others[0]] * w_axis[:, :, others[1]]
+        grads.append((dw * values).sum(dim=1) / s)
+    return val, torch.stack(grads, dim=1)
+
+
+def _corner_voxels(points: torch.Tensor, s: float):
+    ok = torch.isfinite(points).all(dim=1)
+    q = torch.where(ok[:, None], points / s - 0.5, torch.zeros_like(points))
+    ok &= (q.abs() < (1 << 20) - 8).all(dim=1)
+    q = torch.where(ok[:, None], q, torch.zeros_like(q))
+    base = torch.floor(q)
+    frac = q - base
+    ijk = base.to(torch.int64)[:, None, :] + _corners(points.device)[None]  # [M, 8, 3]
+    return ijk.reshape(-1, 3), frac, ok
+
+
+def gather_corners(layer: BrickLayer, points: torch.Tensor, s: float, names: list[str], fills: list):
+    """The 8 interpolation corners of float64 ``[M, 3]`` points: (corner voxels int64 ``[M, 8, 3]``,
+    fractional offsets ``[M, 3]``, finite-and-in-range ``[M]``, {name: float32 ``[M, 8]``}, present
+    ``[M, 8]``)."""
+    m = points.shape[0]
+    ijk, frac, ok = _corner_voxels(points, s)
+    vals, present = gather_voxels(layer, ijk, names, fills)
+    return (
+        ijk.reshape(m, 8, 3),
+        frac,
+        ok,
+        {n: v.reshape(m, 8) for n, v in zip(names, vals, strict=True)},
+        (present.reshape(m, 8)),
+    )
+
+
+def masked_trilinear(values: torch.Tensor, frac: torch.Tensor, observed: torch.Tensor, s: float):
+    """``trilinear`` where all 8 corners are observed (``observed [M]``), NaN / zero gradient elsewhere."""
+    val, grad = trilinear(values.to(torch.float64), frac, s)
+    val = torch.where(observed, val, torch.full_like(val, float("nan")))
+    grad = torch.where(observed[:, None], grad, torch.zeros_like(grad))
+    return val.to(torch.float32), grad.to(torch.float32)
+
+
+@dataclass
+class Slice:
+    """A horizontal ESDF slice: ``distance[r, c]`` at ``(origin_xy[0] + (c + 0.5) * res, origin_xy[1] +
+    (r + 0.5) * res, z_m)``; NaN = unknown."""
+
+    distance: torch.Tensor  # float32 [H, W]
+    origin_xy: tuple[float, float]
+    resolution_m: float
+    z_m: float
+
+
+@dataclass
+class EsdfBox:
+    """Dense ESDF samples at ``origin + (idx + 0.5) * resolution_m`` for idx in [0, shape)."""
+
+    distance: torch.Tensor  # float32 [X, Y, Z], NaN = unknown
+    gradient: torch.Tensor  # float32 [X, Y, Z, 3]
+    observed: torch.Tensor  # bool [X, Y, Z]
+    origin: tuple[float, float, float]
+    resolution_m: float
+
+
+@dataclass
+class RaycastResult:
+    depth: torch.Tensor  # float32 [H, W] metres along the optical axis, 0 = no surface
+    normals: torch.Tensor  # float32 [H, W, 3] world frame, zeros where no surface
