@@ -136,7 +136,9 @@ class PagedPool:
 
     def _groups(self, slots: torch.Tensor):
         """(page, selector, first slot of the page) covering ``slots`` (selector None = all)."""
-        if len(self.page_starts) == 2 or slots.numel() == 0:
+        if slots.numel() == 0:
+            return
+        if len(self.page_starts) == 2:
             yield 0, None, 0
             return
         page = torch.searchsorted(self.page_start_table()[1:], slots, right=True)

@@ -21,6 +21,7 @@ from .integrators import occupancy as occ
 from .integrators import tsdf
 from .integrators.common import check_color, check_depth, check_intrinsics, check_points, check_pose
 from .layers import BrickLayer, brick_offsets
+from .mesh import Mesh, extract_mesh, mesh_since
 
 LAYERS = ("tsdf", "color", "occupancy", "esdf")
 
@@ -557,6 +558,22 @@ class Map:
             g, d = self._occ.voxel_view(["log_odds"])
             return g, {"log_odds": d["log_odds"].float()}
         return self._esdf.view()
+
+    # ----------------------------------------------------------------------------------------- meshes
+    def mesh(self, since_version: int | None = None) -> Mesh:
+        """Marching-cubes triangle mesh of the TSDF zero level set (on the map's device).
+
+        Args:
+            since_version: None for the whole mesh; else the ``version`` of a mesh obtained earlier: only the
+                blocks (bricks) that may have changed since then, to merge with ``mapper.mesh.apply_delta``
+                (a full mesh, ``full=True``, when the change log no longer reaches back that far).
+        Versions are the TSDF layer's (``Mesh.version``), not ``Map.version``.
+        """
+        if self._tsdf is None:
+            raise NotFound("layer 'tsdf' is not enabled on this map")
+        if since_version is None:
+            return extract_mesh(self._tsdf, self.voxel_size_m)
+        return mesh_since(self._tsdf, self.voxel_size_m, since_version)
 
     def stats(self) -> dict:
         """Voxels and bytes per layer, frames integrated, last per-stage timings (ms)."""

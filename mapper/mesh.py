@@ -1,0 +1,787 @@
+"""Triangle meshes of a TSDF layer by marching cubes: sparse, vectorised, incremental by brick.
+
+**Cells.** A cell is the cube between 8 voxel centres ``(i..i+1, j..j+1, k..k+1)``; it belongs to the
+*block* (= brick, ``min corner >> 2``) of its min corner and is meshed only when all 8 corners are observed
+(weight > 0). A corner is *inside* when ``tsdf <= 0`` (the sign rule of :mod:`mapper.surface`).
+
+**The case table** is generated here, not copied: for each of the 256 inside/outside patterns, every cube
+face gets marching-squares segments between its sign-changing edges. A face with two inside corners on a
+diagonal is ambiguous; the fixed, face-local rule is to **cut off the face's corners (0, 0) and (1, 1)**
+(face-local axes = the two other world axes in increasing order), whatever their sign. Both cells sharing
+the face see the same corners, so they make the same choice (no cracks), and the rule does not depend on
+the sign, so complementary cases give the same surface with opposite orientation. Each segment is directed
+so that the surface normal points to the outside (``tsdf > 0``, free space); the directed segments chain
+into closed loops and each loop is triangulated as a fan from the lowest-numbered vertex whose diagonals
+do not lie in a cube face.
+
+**Vertices** sit on lattice edges (linear interpolation between the two voxel centres) and are welded by an
+int64 *edge key* of (min voxel, axis), so the mesh is watertight where the surface is. Normals are the
+TSDF gradient (central differences, one-sided where a neighbour is unobserved) at both voxel centres,
+interpolated along the edge and normalised; colours are interpolated the same way when the layer has them.
+
+**Canonical order.** Blocks sorted by block key (brick i, j, k), faces inside a block by cell (in-brick
+offset order), then by the table; vertices sorted by edge key. Equal surfaces give equal arrays, which is
+what makes ``apply_delta(prev, mesh_since(...))`` checkable against a full :func:`extract_mesh`.
+
+**Incremental.** A cell reads its 8 corners and, for the normals, the 6-neighbours of its edges' end
+voxels: up to 2 voxels below and 1 above its min corner on each axis. So a change in brick ``b`` can alter
+the cells of the 27 bricks ``b + {-1, 0, 1}^3`` (not only the lower neighbours); :func:`mesh_since`
+re-meshes exactly those blocks.
+
+**Key ranges.** An edge key has 64 bits for (i, j, k, axis): i and j get 21 bits, k 20, the axis 2. Meshing
+works for voxel coordinates ``-2^20 <= i, j < 2^20 - 4`` (the whole map range) and ``-2^19 <= k < 2^19 - 4``
+(z is up in this project's worlds; ``InvalidArgument`` otherwise).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from .errors import Conflict, InvalidArgument, InvalidArgumentType
+from .layers import BrickLayer, brick_offsets
+
+# ----------------------------------------------------------------------------------------------------
+# cube geometry: corner c sits at offset (c & 1, (c >> 1) & 1, (c >> 2) & 1) from the cell's min corner;
+# edge e = 4 * axis + (bit of the lower other axis) + 2 * (bit of the higher other axis)
+
+CORNER_OFFSETS = np.array([[c & 1, (c >> 1) & 1, (c >> 2) & 1] for c in range(8)], dtype=np.int64)
+
+
+def _other_axes(axis: int) -> tuple[int, int]:
+    u, w = (a for a in range(3) if a != axis)
+    return u, w
+
+
+def _edge_table() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    corners, axes, mins = [], [], []
+    for axis in range(3):
+        u, w = _other_axes(axis)
+        for bits in range(4):
+            o = [0, 0, 0]
+            o[u], o[w] = bits & 1, bits >> 1
+            c0 = o[0] | (o[1] << 1) | (o[2] << 2)
+            corners.append((c0, c0 | (1 << axis)))
+            axes.append(axis)
+            mins.append(o)
+    return np.array(corners, np.int64), np.array(axes, np.int64), np.array(mins, np.int64)
+
+
+EDGE_CORNERS, EDGE_AXIS, EDGE_MIN_OFFSET = _edge_table()  # [12, 2], [12], [12, 3]
+
+
+def _edge_between(c0: int, c1: int) -> int:
+    a, b = min(c0, c1), max(c0, c1)
+    for e in range(12):
+        if EDGE_CORNERS[e, 0] == a and EDGE_CORNERS[e, 1] == b:
+            return e
+    raise ValueError(f"corners {c0}, {c1} are not adjacent")
+
+
+def _corner_at(o) -> int:
+    return int(o[0]) | (int(o[1]) << 1) | (int(o[2]) << 2)
+
+
+@functools.cache
+def _faces() -> list[tuple[np.ndarray, list[int], list[int]]]:
+    """The 6 cube faces: (outward normal, corners at face-local (0,0), (1,0), (0,1), (1,1), edges in order
+    (0,0)-(1,0), (0,1)-(1,1), (0,0)-(0,1), (1,0)-(1,1))."""
+    out = []
+    for n in range(3):
+        u, w = _other_axes(n)
+        for side in range(2):
+            normal = np.zeros(3)
+            normal[n] = 2 * side - 1
+            cs = []
+            for b in range(2):
+                for a in range(2):
+                    o = [0, 0, 0]
+                    o[n], o[u], o[w] = side, a, b
+                    cs.append(_corner_at(o))
+            c00, c10, c01, c11 = cs
+            edges = [_edge_between(c00, c10), _edge_between(c01, c11), _edge_between(c00, c01)]
+            edges.append(_edge_between(c10, c11))
+            out.append((normal, cs, edges))
+    return out
+
+
+def _edge_midpoint(e: int) -> np.ndarray:
+    p = EDGE_MIN_OFFSET[e].astype(np.float64)
+    p[EDGE_AXIS[e]] += 0.5
+    return p
+
+
+def _face_segments(case: int) -> list[tuple[int, int]]:
+    """Directed segments (edge -> edge) of all 6 faces of a case; the surface lies to the left of a segment
+    seen from outside the cube, with its normal towards the outside corners."""
+    inside = [(case >> c) & 1 for c in range(8)]
+    segs = []
+    for normal, cs, edges in _faces():
+        c00, c10, c01, c11 = cs
+        e_bottom, e_top, e_left, e_right = edges
+        crossing = [e for e in edges if inside[EDGE_CORNERS[e, 0]] != inside[EDGE_CORNERS[e, 1]]]
+        if len(crossing) == 2:
+            pairs = [tuple(crossing)]
+        elif len(crossing) == 4:  # ambiguous: cut off the corners (0, 0) and (1, 1)
+            pairs = [(e_bottom, e_left), (e_top, e_right)]
+        else:
+            pairs = []
+        for e1, e2 in pairs:
+            g = np.zeros(3)  # in-face direction from the inside side to the outside side
+            for e in (e1, e2):
+                a, b = EDGE_CORNERS[e]
+                d = (CORNER_OFFSETS[b] - CORNER_OFFSETS[a]).astype(np.float64)
+                g += d if inside[a] else -d
+            t = np.cross(g, normal)
+            if float(t @ (_edge_midpoint(e2) - _edge_midpoint(e1))) < 0:
+                e1, e2 = e2, e1
+            segs.append((e1, e2))
+    return segs
+
+
+def _loops(case: int) -> list[list[int]]:
+    """Closed, directed loops of edges, each starting at its lowest edge."""
+    succ: dict[int, int] = {}
+    pred: dict[int, int] = {}
+    for a, b in _face_segments(case):
+        if a in succ or b in pred:
+            raise AssertionError(f"case {case}: edge used twice in one direction")
+        succ[a], pred[b] = b, a
+    if set(succ) != set(pred):
+        raise AssertionError(f"case {case}: open segment chain")
+    loops, seen = [], set()
+    for start in sorted(succ):
+        if start in seen:
+            continue
+        loop, e = [], start
+        while e not in seen:
+            seen.add(e)
+            loop.append(e)
+            e = succ[e]
+        if e != start:
+            raise AssertionError(f"case {case}: chain does not close")
+        loops.append(loop)
+    return loops
+
+
+_FACE_EDGE_SETS = [frozenset(edges) for _, _, edges in _faces()]
+
+
+def _share_face(a: int, b: int) -> bool:
+    return any(a in s and b in s for s in _FACE_EDGE_SETS)
+
+
+def _fan(loop: list[int]) -> list[tuple[int, int, int]]:
+    """Fan triangles of a loop from the lowest-numbered apex whose diagonals all cross the cube's interior
+    (a diagonal between two vertices of one face would lie in that face and could be shared with the
+    neighbouring cell). The choice does not depend on the loop's direction."""
+    n = len(loop)
+    ok = [r for r in range(n) if not any(_share_face(loop[r], loop[(r + i) % n]) for i in range(2, n - 1))]
+    apex = min(ok, key=lambda r: loop[r]) if ok else loop.index(min(loop))
+    lo = loop[apex:] + loop[:apex]
+    return [(lo[0], lo[i], lo[i + 1]) for i in range(1, n - 1)]
+
+
+@functools.cache
+def case_table() -> tuple[np.ndarray, np.ndarray]:
+    """The generated marching-cubes table: (int8 ``[256, T, 3]`` edge triples, -1 padded; int64 ``[256]``
+    triangle counts). Triangles are counter-clockwise seen from the outside (``tsdf > 0``) side."""
+    tris = [[t for loop in _loops(c) for t in _fan(loop)] for c in range(256)]
+    width = max(len(t) for t in tris)
+    table = np.full((256, width, 3), -1, np.int8)
+    for c, ts in enumerate(tris):
+        if ts:
+            table[c, : len(ts)] = ts
+    return table, np.array([len(t) for t in tris], np.int64)
+
+
+# ----------------------------------------------------------------------------------------------------
+# keys
+
+_BLOCK_BITS = 21
+_BLOCK_BIAS = 1 << 20
+_IJ_BITS, _K_BITS = 21, 20
+_IJ_BIAS, _K_BIAS = 1 << 20, 1 << 19
+VOXEL_RANGE_IJ = (-(1 << 20), 1 << 20)  # lattice points edge keys can hold, per axis: [lo, hi)
+VOXEL_RANGE_K = (-(1 << 19), 1 << 19)
+
+
+def block_keys(blocks: torch.Tensor) -> torch.Tensor:
+    """int64 ``[B]`` sortable keys (i major) of int64 ``[B, 3]`` brick coordinates."""
+    b = blocks + _BLOCK_BIAS
+    return (b[:, 0] << (2 * _BLOCK_BITS)) | (b[:, 1] << _BLOCK_BITS) | b[:, 2]
+
+
+def decode_block_keys(keys: torch.Tensor) -> torch.Tensor:
+    m = (1 << _BLOCK_BITS) - 1
+    return (
+        torch.stack(((keys >> (2 * _BLOCK_BITS)) & m, (keys >> _BLOCK_BITS) & m, keys & m), 1) - _BLOCK_BIAS
+    )
+
+
+def edge_keys(voxel: torch.Tensor, axis: torch.Tensor) -> torch.Tensor:
+    """int64 ``[N]`` key of the lattice edge from voxel ``voxel`` (int64 ``[N, 3]``) to ``voxel + e_axis``.
+
+    Layout: signed i in the top 21 bits, then j + 2^20 (21 bits), k + 2^19 (20 bits), axis (2 bits); the
+    signed order of the keys is the lexicographic order of (i, j, k, axis)."""
+    return (
+        (voxel[:, 0] << (_IJ_BITS + _K_BITS + 2))
+        | ((voxel[:, 1] + _IJ_BIAS) << (_K_BITS + 2))
+        | ((voxel[:, 2] + _K_BIAS) << 2)
+        | axis
+    )
+
+
+def decode_edge_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`edge_keys`: (int64 ``[N, 3]`` min voxel, int64 ``[N]`` axis)."""
+    i = keys >> (_IJ_BITS + _K_BITS + 2)
+    j = ((keys >> (_K_BITS + 2)) & ((1 << _IJ_BITS) - 1)) - _IJ_BIAS
+    k = ((keys >> 2) & ((1 << _K_BITS) - 1)) - _K_BIAS
+    return torch.stack((i, j, k), 1), keys & 3
+
+
+# ----------------------------------------------------------------------------------------------------
+# the mesh
+
+
+ARRAY_FIELDS = (
+    "vertices",
+    "faces",
+    "normals",
+    "colors",
+    "vertex_keys",
+    "blocks",
+    "block_face_offsets",
+    "removed_blocks",
+)
+
+
+@dataclass(eq=False)
+class Mesh:
+    """A triangle mesh of the TSDF zero level set, or a delta of one (see :func:`mesh_since`).
+
+    Tensors live on the layer's device.
+
+    Attributes:
+        vertices: float32 ``[V, 3]`` positions in metres.
+        faces: int32 ``[F, 3]`` vertex indices, counter-clockwise seen from free space.
+        normals: float32 ``[V, 3]`` unit normals pointing to free space.
+        colors: uint8 ``[V, 3]`` RGB, or None when the layer has no colour.
+        vertex_keys: int64 ``[V]`` edge key of each vertex (sorted; -1 for meshes read from files).
+        blocks: int64 ``[B, 3]`` bricks that own at least one face, sorted by block key.
+        block_face_offsets: int64 ``[B + 1]``: the faces of block b are ``faces[off[b]:off[b + 1]]``.
+        removed_blocks: int64 ``[R, 3]`` bricks covered by this mesh that have no face (a delta's consumer
+            drops what it had there); empty for full meshes.
+        version: the layer version the mesh shows.
+        full: True when the mesh covers the whole layer (replace, don't patch).
+        since_version: for a delta, the version it is relative to; None otherwise.
+        voxel_size_m: voxel edge in metres (0.0 when unknown).
+    """
+
+    vertices: torch.Tensor
+    faces: torch.Tensor
+    normals: torch.Tensor
+    colors: torch.Tensor | None
+    vertex_keys: torch.Tensor
+    blocks: torch.Tensor
+    block_face_offsets: torch.Tensor
+    removed_blocks: torch.Tensor
+    version: int = 0
+    full: bool = True
+    since_version: int | None = None
+    voxel_size_m: float = 0.0
+
+    @property
+    def num_vertices(self) -> int:
+        return int(self.vertices.shape[0])
+
+    @property
+    def num_faces(self) -> int:
+        return int(self.faces.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.vertices.device
+
+    @property
+    def has_blocks(self) -> bool:
+        """Whether the faces are partitioned into blocks (meshes from files are not)."""
+        return int(self.block_face_offsets[-1]) == self.num_faces
+
+    def face_blocks(self) -> torch.Tensor:
+        """int64 ``[F]``: the index (into ``blocks``) of each face's block."""
+        counts = self.block_face_offsets[1:] - self.block_face_offsets[:-1]
+        return torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)
+
+    def to(self, device: str | torch.device) -> Mesh:
+        dev = torch.device(device)
+        return replace(
+            self, **{k: None if (t := getattr(self, k)) is None else t.to(dev) for k in ARRAY_FIELDS}
+        )
+
+    def equals(self, other: Mesh) -> bool:
+        """Exact equality of every array (bitwise for floats; ``colors`` None on both or equal) and of the
+        version."""
+        if not isinstance(other, Mesh) or self.version != other.version:
+            return False
+        for k in ARRAY_FIELDS:
+            a, b = getattr(self, k), getattr(other, k)
+            if a is None or b is None:
+                if a is not b:
+                    return False
+            elif a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b.to(a.device)):
+                return False
+        return True
+
+    def __repr__(self) -> str:
+        kind = "full" if self.full else f"delta since {self.since_version}"
+        return (
+            f"Mesh(vertices={self.num_vertices}, faces={self.num_faces}, blocks={self.blocks.shape[0]}, "
+            f"removed_blocks={self.removed_blocks.shape[0]}, version={self.version}, {kind})"
+        )
+
+
+def empty_mesh(device: torch.device, with_color: bool, version: int = 0, voxel_size_m: float = 0.0) -> Mesh:
+    z = torch.zeros
+    return Mesh(
+        vertices=z((0, 3), dtype=torch.float32, device=device),
+        faces=z((0, 3), dtype=torch.int32, device=device),
+        normals=z((0, 3), dtype=torch.float32, device=device),
+        colors=z((0, 3), dtype=torch.uint8, device=device) if with_color else None,
+        vertex_keys=z(0, dtype=torch.int64, device=device),
+        blocks=z((0, 3), dtype=torch.int64, device=device),
+        block_face_offsets=z(1, dtype=torch.int64, device=device),
+        removed_blocks=z((0, 3), dtype=torch.int64, device=device),
+        version=version,
+        voxel_size_m=voxel_size_m,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# constant tensors of the extraction
+
+# Each brick reads the voxels of its cells' corners (local coordinates [0, 5)^3, 125 points, C order) and
+# their 6-neighbours (one coordinate at -1 or 5: 6 x 25 points), from the bricks at offsets {-1, 0, 1}^3.
+_CORE = 5
+
+
+def _local_points() -> tuple[np.ndarray, np.ndarray]:
+    pts = [(a, b, c) for a in range(_CORE) for b in range(_CORE) for c in range(_CORE)]
+    for axis in range(3):
+        for v in (-1, _CORE):
+            u, w = _other_axes(axis)
+            for a in range(_CORE):
+                for b in range(_CORE):
+                    p = [0, 0, 0]
+                    p[axis], p[u], p[w] = v, a, b
+                    pts.append(tuple(p))
+    pts = np.array(pts, np.int64)
+    lut = np.full((_CORE + 2,) * 3, -1, np.int64)
+    lut[pts[:, 0] + 1, pts[:, 1] + 1, pts[:, 2] + 1] = np.arange(pts.shape[0])
+    return pts, lut
+
+
+@dataclass(frozen=True)
+class _Consts:
+    tri_table: torch.Tensor  # int64 [256, T, 3]
+    tri_count: torch.Tensor  # int64 [256]
+    edge_axis: torch.Tensor  # int64 [12]
+    edge_min: torch.Tensor  # int64 [12, 3]
+    dirs: torch.Tensor  # int64 [D, 3] neighbour brick offsets
+    point_dir: torch.Tensor  # int64 [P] index into dirs of each local point
+    point_off: torch.Tensor  # int64 [P] in-brick offset of each local point
+    lut: torch.Tensor  # int64 [7 * 7 * 7] local point index of (x + 1, y + 1, z + 1), -1 if not read
+    corner_idx: torch.Tensor  # int64 [8, 64] core index of corner c of cell q
+    cell_xyz: torch.Tensor  # int64 [64, 3]
+
+
+@functools.cache
+def _consts(device: torch.device) -> _Consts:
+    table, count = case_table()
+    pts, lut = _local_points()
+    d = np.floor_divide(pts, 4)
+    dirs, point_dir = np.unique(d, axis=0, return_inverse=True)
+    t = torch.from_numpy
+    off = brick_offsets(t(pts) & 3)
+    cell = np.array([[q >> 4, (q >> 2) & 3, q & 3] for q in range(64)], np.int64)
+    corner_idx = np.stack(
+        [
+            ((cell + CORNER_OFFSETS[c]) * np.array([_CORE * _CORE, _CORE, 1])).sum(1)  # C order in 5^3
+            for c in range(8)
+        ]
+    )
+    return _Consts(
+        tri_table=t(table.astype(np.int64)).to(device),
+        tri_count=t(count).to(device),
+        edge_axis=t(EDGE_AXIS).to(device),
+        edge_min=t(EDGE_MIN_OFFSET).to(device),
+        dirs=t(dirs).to(device),
+        point_dir=t(point_dir.reshape(-1)).to(device),
+        point_off=off.to(device),
+        lut=t(lut.reshape(-1)).to(device),
+        corner_idx=t(corner_idx).to(device),
+        cell_xyz=t(cell).to(device),
+    )
+
+
+def _lut_index(c: _Consts, xyz: torch.Tensor) -> torch.Tensor:
+    """Local point index of local coordinates int64 ``[N, 3]`` (each in [-1, 5])."""
+    n = _CORE + 2
+    return c.lut[((xyz[:, 0] + 1) * n + (xyz[:, 1] + 1)) * n + (xyz[:, 2] + 1)]
+
+
+# ----------------------------------------------------------------------------------------------------
+# extraction
+
+_CHUNK_BRICKS = 2048
+
+
+def _check_layer(layer) -> None:
+    if not isinstance(layer, BrickLayer):
+        raise InvalidArgumentType(f"layer: expected a BrickLayer, got {type(layer).__name__}")
+    for f in ("tsdf", "weight"):
+        if f not in layer.pool.fields:
+            raise InvalidArgument(f"layer: not a TSDF layer (no {f!r} field)")
+
+
+def _check_voxel_size(voxel_size_m) -> float:
+    if isinstance(voxel_size_m, bool) or not isinstance(voxel_size_m, (int, float)):
+        raise InvalidArgumentType(f"voxel_size_m: expected a number, got {type(voxel_size_m).__name__}")
+    s = float(voxel_size_m)
+    if not np.isfinite(s) or s <= 0:
+        raise InvalidArgument(f"voxel_size_m: expected a finite value > 0, got {voxel_size_m}")
+    return s
+
+
+def _sorted_unique_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    if blocks.shape[0] == 0:
+        return blocks.reshape(0, 3)
+    return decode_block_keys(torch.unique(block_keys(blocks)))
+
+
+def _chunk_mesh(layer: BrickLayer, c: _Consts, bricks: torch.Tensor, s: float, with_color: bool):
+    """Mesh pieces of the cells of ``bricks`` (int64 ``[M, 3]``, sorted): chunk-unique vertices (keys,
+    positions, normals, colours), faces into them (int64 ``[F, 3]``) and faces per brick (int64 ``[M]``)."""
+    dev = bricks.device
+    m = bricks.shape[0]
+    nb = (bricks[:, None, :] + c.dirs[None]).reshape(-1, 3)
+    nb_slot = layer.voxel_slots(nb << 2)[0].reshape(m, -1)  # [M, D]
+    slot = nb_slot[:, c.point_dir]  # [M, P]
+    found = slot >= 0
+    flat = slot.clamp(min=0).reshape(-1)
+    offs = c.point_off.expand(m, -1).reshape(-1)
+    tsdf = layer.pool.gather("tsdf", flat, offs).reshape(m, -1).to(torch.float32)
+    obs = found & (layer.pool.gather("weight", flat, offs).reshape(m, -1) > 0)
+
+    # cases of the 64 cells of every brick
+    core_in = (tsdf[:, : _CORE**3] <= 0).to(torch.int64)
+    core_obs = obs[:, : _CORE**3]
+    case = torch.zeros((m, 64), dtype=torch.int64, device=dev)
+    all_obs = torch.ones((m, 64), dtype=torch.bool, device=dev)
+    for k in range(8):
+        case |= core_in[:, c.corner_idx[k]] << k
+        all_obs &= core_obs[:, c.corner_idx[k]]
+    active = all_obs & (case != 0) & (case != 255)
+    bi, q = active.nonzero(as_tuple=True)  # (brick, cell) order
+    cs = case[bi, q]
+    cnt = c.tri_count[cs]
+    n_tri = int(cnt.sum())
+    face_counts = torch.zeros(m, dtype=torch.int64, device=dev).index_add_(0, bi, cnt)
+    if n_tri == 0:
+        return None, face_counts
+    cell_of = torch.repeat_interleave(torch.arange(cs.numel(), device=dev), cnt)
+    first = torch.cumsum(cnt, 0) - cnt
+    t_in_cell = torch.arange(n_tri, device=dev) - first[cell_of]
+    edges = c.tri_table[cs[cell_of], t_in_cell].reshape(-1)  # [3T]
+    corner_cell = cell_of.repeat_interleave(3)
+    local_min = c.cell_xyz[q[corner_cell]] + c.edge_min[edges]  # [3T, 3] local min voxel of the edge
+    brick_of = bi[corner_cell]
+    axis = c.edge_axis[edges]
+    keys = edge_keys((bricks[brick_of] << 2) + local_min, axis)
+    ukeys, inv = torch.unique(keys, return_inverse=True)
+    rep = torch.empty(ukeys.numel(), dtype=torch.int64, device=dev)
+    rep.scatter_(0, inv, torch.arange(keys.numel(), device=dev))
+    vb, vmin, vax = brick_of[rep], local_min[rep], axis[rep]
+    eax = torch.nn.functional.one_hot(vax, 3)
+    p0 = _lut_index(c, vmin)
+    p1 = _lut_index(c, vmin + eax)
+    t0, t1 = tsdf[vb, p0], tsdf[vb, p1]
+    t = t0 / (t0 - t1)  # in [0, 1]: exactly one end is <= 0
+
+    gvox = ((bricks[vb] << 2) + vmin).to(torch.float64) + 0.5
+    pos = ((gvox + t.to(torch.float64)[:, None] * eax) * s).to(torch.float32)
+
+    def gradient(p_local, p_idx):
+        t_c = tsdf[vb, p_idx]
+        g = []
+        for a in range(3):
+            e = torch.zeros(3, dtype=torch.int64, device=dev)
+            e[a] = 1
+            ip, im = _lut_index(c, p_local + e), _lut_index(c, p_local - e)
+            op, om = obs[vb, ip], obs[vb, im]
+            tp, tm = tsdf[vb, ip], tsdf[vb, im]
+            central = (tp - tm) * 0.5
+            fwd, bwd = tp - t_c, t_c - tm
+            zero = torch.zeros_like(t_c)
+            g.append(torch.where(op & om, central, torch.where(op, fwd, torch.where(om, bwd, zero))))
+        return torch.stack(g, 1)
+
+    g0 = gradient(vmin, p0)
+    g1 = gradient(vmin + eax, p1)
+    g = g0 + t[:, None] * (g1 - g0)
+    norm = torch.sqrt(g[:, 0] * g[:, 0] + g[:, 1] * g[:, 1] + g[:, 2] * g[:, 2])
+    fallback = eax.to(torch.float32) * torch.where(t1 > t0, 1.0, -1.0)[:, None]
+    nrm = torch.where((norm > 0)[:, None], g / norm.clamp(min=1e-30)[:, None], fallback)
+
+    col = None
+    if with_color:
+        s0 = slot[vb, p0].clamp(min=0)
+        s1 = slot[vb, p1].clamp(min=0)
+        o0, o1 = c.point_off[p0], c.point_off[p1]
+        c0 = layer.pool.gather("color", s0, o0).to(torch.float32)
+        c1 = layer.pool.gather("color", s1, o1).to(torch.float32)
+        w0 = (layer.pool.gather("color_weight", s0, o0) > 0).to(torch.float32) * (1.0 - t)
+        w1 = (layer.pool.gather("color_weight", s1, o1) > 0).to(torch.float32) * t
+        wsum = w0 + w1
+        blend = (c0 * w0[:, None] + c1 * w1[:, None]) / wsum.clamp(min=1e-30)[:, None]
+        blend = torch.where((wsum > 0)[:, None], blend, torch.zeros_like(blend))
+        col = torch.round(blend).clamp(0, 255).to(torch.uint8)
+    return (ukeys, pos, nrm, col, inv.reshape(-1, 3)), face_counts
+
+
+def _check_key_range(bricks: torch.Tensor) -> None:
+    """Edge keys hold voxel i, j in [-2^20, 2^20) and k in [-2^19, 2^19); cells reach 4 voxels up."""
+    if bricks.shape[0] == 0:
+        return
+    lo = (bricks.min(dim=0).values << 2).tolist()
+    hi = ((bricks.max(dim=0).values << 2) + 4).tolist()
+    limits = (VOXEL_RANGE_IJ, VOXEL_RANGE_IJ, VOXEL_RANGE_K)
+    for axis, (a, b, (mn, mx)) in enumerate(zip(lo, hi, limits, strict=True)):
+        if a < mn or b >= mx:
+            raise InvalidArgument(
+                f"layer: meshing supports voxel coordinates in [{mn}, {mx - 4}) on axis {'ijk'[axis]} "
+                f"(edge key range); the layer reaches [{a}, {b - 1}]"
+            )
+
+
+def _assemble(pieces, face_counts, bricks, dev, with_color, version, s) -> Mesh:
+    """Global weld of the chunks' vertices and the block bookkeeping."""
+    mesh = empty_mesh(dev, with_color, version, s)
+    has = face_counts > 0
+    mesh.blocks = bricks[has]
+    mesh.block_face_offsets = torch.cat(
+        (torch.zeros(1, dtype=torch.int64, device=dev), torch.cumsum(face_counts[has], 0))
+    )
+    if not pieces:
+        return mesh
+    keys = torch.cat([p[0] for p in pieces])
+    gkeys, ginv = torch.unique(keys, return_inverse=True)
+    rep = torch.empty(gkeys.numel(), dtype=torch.int64, device=dev)
+    rep.scatter_(0, ginv, torch.arange(keys.numel(), device=dev))
+    base, faces = 0, []
+    for p in pieces:
+        faces.append(ginv[base + p[4]])
+        base += p[0].numel()
+    mesh.vertex_keys = gkeys
+    mesh.vertices = torch.cat([p[1] for p in pieces])[rep]
+    mesh.normals = torch.cat([p[2] for p in pieces])[rep]
+    if with_color:
+        mesh.colors = torch.cat([p[3] for p in pieces])[rep]
+    mesh.faces = torch.cat(faces).to(torch.int32)
+    return mesh
+
+
+def extract_mesh(layer: BrickLayer, voxel_size_m: float, bricks=None) -> Mesh:
+    """Marching-cubes mesh of a TSDF layer's zero level set.
+
+    Args:
+        layer: a TSDF :class:`~mapper.layers.BrickLayer` (fields ``tsdf``, ``weight``; ``color`` and
+            ``color_weight`` give vertex colours).
+        voxel_size_m: voxel edge in metres.
+        bricks: optional integer ``[M, 3]`` brick coordinates (``voxel >> 2``): mesh only the cells whose
+            min corner lies in them (duplicates and absent bricks are fine). None = every allocated brick.
+    Returns:
+        A :class:`Mesh` on the layer's device. With ``bricks`` the mesh is a patch for those blocks
+        (``full=False``; requested bricks without faces are listed in ``removed_blocks``).
+    """
+    _check_layer(layer)
+    s = _check_voxel_size(voxel_size_m)
+    dev = layer.device
+    with_color = "color" in layer.pool.fields and "color_weight" in layer.pool.fields
+    if bricks is None:
+        req = _sorted_unique_blocks(layer.brick_table()[0])
+    else:
+        if not isinstance(bricks, torch.Tensor):
+            bricks = torch.as_tensor(np.asarray(bricks))
+        if bricks.dtype not in (torch.int32, torch.int64) or bricks.dim() != 2 or bricks.shape[1] != 3:
+            raise InvalidArgument(
+                f"bricks: expected an integer tensor [M, 3], got {list(bricks.shape)} {bricks.dtype}"
+            )
+        req = _sorted_unique_blocks(bricks.to(dev, torch.int64))
+        lim = _BLOCK_BIAS >> 2
+        if req.shape[0] and bool(((req < -lim) | (req >= lim)).any()):
+            raise InvalidArgument(f"bricks: coordinates must lie in [-{lim}, {lim})")
+    # only allocated bricks can hold cells (a cell's min corner must be observed)
+    present = (
+        layer.voxel_slots(req << 2)[0] >= 0 if req.shape[0] else torch.zeros(0, dtype=torch.bool, device=dev)
+    )
+    todo = req[present]
+    _check_key_range(todo)
+    c = _consts(dev)
+    pieces, counts = [], []
+    for start in range(0, todo.shape[0], _CHUNK_BRICKS):
+        piece, fc = _chunk_mesh(layer, c, todo[start : start + _CHUNK_BRICKS], s, with_color)
+        if piece is not None:
+            pieces.append(piece)
+        counts.append(fc)
+    face_counts = torch.cat(counts) if counts else torch.zeros(0, dtype=torch.int64, device=dev)
+    mesh = _assemble(pieces, face_counts, todo, dev, with_color, layer.version, s)
+    if bricks is not None:
+        mesh.full = False
+        owned = torch.isin(block_keys(req), block_keys(mesh.blocks))
+        mesh.removed_blocks = req[~owned]
+    return mesh
+
+
+# ----------------------------------------------------------------------------------------------------
+# incremental
+
+
+def affected_blocks(bricks: torch.Tensor) -> torch.Tensor:
+    """Blocks whose cells can read a voxel of the given bricks: ``bricks + {-1, 0, 1}^3``, unique, sorted
+    by block key (int64 ``[M, 3]`` -> int64 ``[A, 3]``)."""
+    if bricks.shape[0] == 0:
+        return bricks.reshape(0, 3).to(torch.int64)
+    r = torch.arange(-1, 2, device=bricks.device)
+    d = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), -1).reshape(-1, 3)
+    return _sorted_unique_blocks((bricks[:, None, :].to(torch.int64) + d[None]).reshape(-1, 3))
+
+
+def mesh_since(layer: BrickLayer, voxel_size_m: float, since_version: int) -> Mesh:
+    """The blocks that may have changed since layer version ``since_version``, re-meshed.
+
+    Changed = bricks written or removed after that version (``layer.changed_since``) and their 26
+    neighbours. Returns a delta (``full=False``, ``since_version`` set; ``removed_blocks`` = re-meshed
+    blocks without faces) for :func:`apply_delta`, or a full mesh (``full=True``) when the layer's removal
+    log no longer reaches back to ``since_version``.
+    """
+    _check_layer(layer)
+    if isinstance(since_version, bool) or not isinstance(since_version, (int, np.integer)):
+        raise InvalidArgumentType(f"since_version: expected an int, got {type(since_version).__name__}")
+    since = int(since_version)
+    if since < 0 or since > layer.version:
+        raise InvalidArgument(f"since_version: expected a version in [0, {layer.version}], got {since}")
+    ch = layer.changed_since(since)
+    if ch is None:
+        return extract_mesh(layer, voxel_size_m)
+    changed, removed = ch
+    mesh = extract_mesh(layer, voxel_size_m, affected_blocks(torch.cat((changed, removed))))
+    mesh.since_version = since
+    return mesh
+
+
+def _check_mesh(name: str, m) -> None:
+    if not isinstance(m, Mesh):
+        raise InvalidArgumentType(f"{name}: expected a Mesh, got {type(m).__name__}")
+    if not m.has_blocks:
+        raise InvalidArgument(f"{name}: the mesh has no block structure (read from a file?)")
+
+
+def _member(sorted_keys: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(found bool ``[N]``, index into ``sorted_keys``) of int64 queries ``q``."""
+    if sorted_keys.numel() == 0:
+        return torch.zeros_like(q, dtype=torch.bool), torch.zeros_like(q)
+    i = torch.searchsorted(sorted_keys, q).clamp(max=sorted_keys.numel() - 1)
+    return sorted_keys[i] == q, i
+
+
+def _merge_positions(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions of the elements of two sorted, disjoint int64 arrays in their sorted merge."""
+    pa = torch.arange(a.numel(), device=a.device) + torch.searchsorted(b, a)
+    pb = torch.arange(b.numel(), device=b.device) + torch.searchsorted(a, b)
+    return pa, pb
+
+
+def apply_delta(prev: Mesh, delta: Mesh) -> Mesh:
+    """``prev`` with the blocks of ``delta`` replaced: prev's faces in ``delta.blocks`` and
+    ``delta.removed_blocks`` are dropped, the delta's are added, vertices re-welded by edge key.
+
+    A full ``delta`` is returned as is. ``prev`` must be at least as new as the delta's ``since_version``
+    (``Conflict`` otherwise); the result has the delta's version and equals :func:`extract_mesh` at that
+    version when ``prev`` was a full mesh.
+    """
+    _check_mesh("prev", prev)
+    _check_mesh("delta", delta)
+    if delta.full:
+        return delta
+    if delta.since_version is not None and prev.version < delta.since_version:
+        raise Conflict(
+            f"delta: made since version {delta.since_version}, but prev shows version {prev.version}"
+        )
+    if prev.voxel_size_m and delta.voxel_size_m and prev.voxel_size_m != delta.voxel_size_m:
+        raise InvalidArgument(f"delta: voxel size {delta.voxel_size_m} != prev's {prev.voxel_size_m}")
+    if (prev.colors is None) != (delta.colors is None):
+        raise InvalidArgument("delta: colours present in one mesh but not the other")
+    dev = prev.device
+    delta = delta.to(dev)
+    z1 = torch.zeros(1, dtype=torch.int64, device=dev)
+    # blocks: prev's minus the delta's (and its removed ones), merged with the delta's by key
+    drop = torch.unique(block_keys(torch.cat((delta.blocks, delta.removed_blocks))))
+    pk, dk = block_keys(prev.blocks), block_keys(delta.blocks)
+    keep = ~_member(drop, pk)[0]
+    p_counts = prev.block_face_offsets[1:] - prev.block_face_offsets[:-1]
+    d_counts = delta.block_face_offsets[1:] - delta.block_face_offsets[:-1]
+    pa, pb = _merge_positions(pk[keep], dk)
+    nb = pa.numel() + pb.numel()
+    blocks = torch.empty((nb, 3), dtype=torch.int64, device=dev)
+    blocks[pa], blocks[pb] = prev.blocks[keep], delta.blocks
+    counts = torch.empty(nb, dtype=torch.int64, device=dev)
+    counts[pa], counts[pb] = p_counts[keep], d_counts
+    offsets = torch.cat((z1, torch.cumsum(counts, 0)))
+    # vertices: the delta's (fresh) plus prev's still used by kept faces and not in the delta, merged by key
+    face_block = prev.face_blocks()
+    kept_faces = keep[face_block].nonzero().squeeze(1)
+    pf = prev.faces[kept_faces].to(torch.int64)
+    used = torch.zeros(prev.num_vertices, dtype=torch.bool, device=dev)
+    used[pf.reshape(-1)] = True
+    in_d, d_idx = _member(delta.vertex_keys, prev.vertex_keys)
+    take = used & ~in_d
+    va, vb = _merge_positions(prev.vertex_keys[take], delta.vertex_keys)
+    prev_map = torch.full((prev.num_vertices,), -1, dtype=torch.int64, device=dev)
+    prev_map[take] = va
+    prev_map[in_d] = vb[d_idx[in_d]]
+    nv = va.numel() + vb.numel()
+
+    def merged(a, b):
+        out = torch.empty((nv, *a.shape[1:]), dtype=a.dtype, device=dev)
+        out[va], out[vb] = a[take], b
+        return out
+
+    out = empty_mesh(dev, prev.colors is not None, delta.version, delta.voxel_size_m or prev.voxel_size_m)
+    out.full = prev.full
+    out.since_version = None if prev.full else prev.since_version
+    out.vertex_keys = merged(prev.vertex_keys, delta.vertex_keys)
+    out.vertices = merged(prev.vertices, delta.vertices)
+    out.normals = merged(prev.normals, delta.normals)
+    if prev.colors is not None:
+        out.colors = merged(prev.colors, delta.colors)
+    # faces: each block's faces move as a run to the block's new offset
+    faces = torch.empty((int(offsets[-1]), 3), dtype=torch.int32, device=dev)
+    p_shift = torch.zeros(prev.blocks.shape[0], dtype=torch.int64, device=dev)
+    p_shift[keep] = offsets[pa] - prev.block_face_offsets[:-1][keep]
+    faces[kept_faces + p_shift[face_block[kept_faces]]] = prev_map[pf].to(torch.int32)
+    d_shift = offsets[pb] - delta.block_face_offsets[:-1]
+    d_dest = torch.arange(delta.num_faces, device=dev) + d_shift[delta.face_blocks()]
+    faces[d_dest] = vb[delta.faces.to(torch.int64)].to(torch.int32)
+    out.faces = faces
+    out.blocks = blocks
+    out.block_face_offsets = offsets
+    if not prev.full:  # a patch of patches: blocks the result covers without faces
+        removed = torch.cat((prev.removed_blocks, delta.removed_blocks))
+        rk = block_keys(removed)
+        removed = removed[~torch.isin(rk, block_keys(blocks))]
+        out.removed_blocks = _sorted_unique_blocks(removed)
+    return out
