@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
+# serve on loopback (CPU unless DEVICE=cuda), replay ../shared/data through the client, print /metrics;
+# keeps serving until Ctrl-C (curl localhost:8000/metrics)
+DEVICE ?= cpu
 run: setup
-	$(BIN)/python -m mapper.demo
+	$(BIN)/mapper demo --device $(DEVICE) --data ../shared/data
 
 test: setup
 	$(BIN)/python -m pytest -q

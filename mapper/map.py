@@ -411,9 +411,14 @@ class Map:
             raise NotFound(f"layer {name!r} is not enabled on this map (layers: {self.layers})")
         return layer
 
-    def _esdf_current(self):
+    @property
+    def esdf_dirty(self) -> bool:
+        """True when frames or edits since the last ``update_esdf()`` may have changed the ESDF."""
+        return bool(self._dirty_bricks)
+
+    def _esdf_current(self, update: bool = True):
         esdf = self._require("esdf")
-        if self._dirty_bricks:
+        if update and self._dirty_bricks:
             self.update_esdf()
         return esdf
 
@@ -442,12 +447,15 @@ class Map:
         prob = torch.where(known, torch.sigmoid(torch.nan_to_num(lo)), torch.full_like(lo, 0.5))
         return state, prob
 
-    def query_distance(self, points_world) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def query_distance(
+        self, points_world, update_esdf: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Signed distance at ``[M, 3]`` world points, trilinear in the ESDF voxels: (distance float32 [M]
         metres, NaN where unknown; gradient float32 [M, 3] of the interpolant; observed bool [M]). Voxels
         farther than ``esdf_max_distance_m`` from every surface that the map has observed count as that
-        distance. Brings the ESDF up to date first (free when nothing changed)."""
-        esdf = self._esdf_current()
+        distance. Brings the ESDF up to date first (free when nothing changed) unless ``update_esdf`` is
+        False (then the map is only read: a service keeps the ESDF current in its writer)."""
+        esdf = self._esdf_current(update_esdf)
         p = Q.check_query_points("points_world", points_world, self.device)
         s, md = self.voxel_size_m, self.esdf_max_distance_m
         ijk, frac, ok, vals, present = Q.gather_corners(esdf.layer, p, s, ["esdf", "observed"], [md, 0.0])
@@ -469,15 +477,15 @@ class Map:
         dist, grad = Q.masked_trilinear(d, frac, all_obs, s)
         return dist, grad, all_obs
 
-    def _esdf_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
-        bricks, _ = self._esdf_current().layer.brick_table()
+    def _esdf_bounds(self, update: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        bricks, _ = self._esdf_current(update).layer.brick_table()
         if bricks.shape[0] == 0:
             raise InvalidArgument("the map has no ESDF yet: pass explicit bounds")
         s4 = 4 * self.voxel_size_m
         return bricks.min(dim=0).values.double() * s4, (bricks.max(dim=0).values + 1).double() * s4
 
     def esdf_slice(
-        self, z_m, aabb_min_xy=None, aabb_max_xy=None, resolution_m=None, max_pixels=1 << 24
+        self, z_m, aabb_min_xy=None, aabb_max_xy=None, resolution_m=None, max_pixels=1 << 24, update_esdf=True
     ) -> Q.Slice:
         """The ESDF on the plane ``z = z_m`` over ``[aabb_min_xy, aabb_max_xy]`` (default: the ESDF's
         extent) at ``resolution_m`` (default: the voxel size); NaN = unknown."""
@@ -486,7 +494,7 @@ class Map:
             raise InvalidArgument(f"z_m: expected a finite number, got {z_m}")
         res = self.voxel_size_m if resolution_m is None else _positive("resolution_m", resolution_m)
         if aabb_min_xy is None or aabb_max_xy is None:
-            lo3, hi3 = self._esdf_bounds()
+            lo3, hi3 = self._esdf_bounds(update_esdf)
         lo = self._vecn("aabb_min_xy", aabb_min_xy, 2) if aabb_min_xy is not None else lo3[:2]
         hi = self._vecn("aabb_max_xy", aabb_max_xy, 2) if aabb_max_xy is not None else hi3[:2]
         if bool((hi <= lo).any()):
@@ -499,10 +507,12 @@ class Map:
         ys = lo[1] + (torch.arange(h, device=self.device, dtype=torch.float64) + 0.5) * res
         gy, gx = torch.meshgrid(ys, xs, indexing="ij")
         pts = torch.stack((gx, gy, torch.full_like(gx, z)), dim=-1).reshape(-1, 3)
-        d, _, _ = self.query_distance(pts)
+        d, _, _ = self.query_distance(pts, update_esdf=update_esdf)
         return Q.Slice(d.reshape(h, w), (float(lo[0]), float(lo[1])), res, z)
 
-    def esdf_box(self, aabb_min, aabb_max, resolution_m=None, max_voxels=1 << 24) -> Q.EsdfBox:
+    def esdf_box(
+        self, aabb_min, aabb_max, resolution_m=None, max_voxels=1 << 24, update_esdf=True
+    ) -> Q.EsdfBox:
         """Dense ESDF, its gradient and the observed mask on a box (samples at voxel-size spacing by
         default), like nvblox's EsdfAndGradients service."""
         lo = self._vec3("aabb_min", aabb_min)
@@ -518,7 +528,7 @@ class Map:
             for a in range(3)
         ]
         pts = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)
-        d, g, o = self.query_distance(pts)
+        d, g, o = self.query_distance(pts, update_esdf=update_esdf)
         return Q.EsdfBox(d.reshape(*n), g.reshape(*n, 3), o.reshape(*n), tuple(lo.tolist()), res)
 
     def raycast(self, T_world_sensor, K, width: int, height: int, max_range_m: float | None = None):
@@ -574,6 +584,11 @@ class Map:
         if since_version is None:
             return extract_mesh(self._tsdf, self.voxel_size_m)
         return mesh_since(self._tsdf, self.voxel_size_m, since_version)
+
+    def timings_ms(self) -> dict[str, float]:
+        """Per-stage wall times (ms) of the last frame (and ESDF update), without the O(map) work of
+        ``stats()``; on CUDA this synchronises once to read the events."""
+        return self._timer.resolve()
 
     def stats(self) -> dict:
         """Voxels and bytes per layer, frames integrated, last per-stage timings (ms)."""

@@ -1,0 +1,309 @@
+"""Service benchmark: sustained ingest (frames/s, ack latency p50/p99) of ~120 k-point LiDAR frames over
+WebSocket and HTTP with 1 and N concurrent clients, and distance-query latency (10 k points) under that
+ingest load. Writes a markdown report.
+
+    python benchmarks/bench_service.py --device cpu --out benchmarks/results/service_cpu.md
+    python benchmarks/bench_service.py --device cuda --out benchmarks/results/service_h200.md   # GPU
+
+It starts ``mapper serve`` on a free loopback port with a temporary data directory (WAL fsync on, as in
+production) unless ``--url`` points at a running server. Each client streams into its own map (a robot
+per map; ``--shared-map`` puts all clients on one map). Frames are pre-encoded so the clients measure the
+service, not msgpack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mapper import wire  # noqa: E402
+from mapper.client import MapperClient  # noqa: E402
+
+
+def lidar_scan(i: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A spinning-LiDAR-like scan (sensor frame) of a 40 m x 30 m hall with a floor and pillars, and a
+    pose that drives along x at 1 m/s at 10 Hz."""
+    rng = np.random.default_rng(seed * 100_003 + i)
+    az = rng.uniform(-np.pi, np.pi, n)
+    el = rng.uniform(-0.3, 0.26, n)  # 32-beam-like vertical field of view
+    d = np.stack([np.cos(el) * np.cos(az), np.cos(el) * np.sin(az), np.sin(el)], 1)
+    x0 = 0.1 * i
+    with np.errstate(divide="ignore"):
+        tx = np.where(d[:, 0] > 0, (20 - x0) / d[:, 0], (-20 - x0) / d[:, 0])
+        ty = np.where(d[:, 1] > 0, 15 / d[:, 1], -15 / d[:, 1])
+        tz = np.where(d[:, 2] < 0, -1.8 / d[:, 2], np.inf)
+    r = np.minimum(np.minimum(tx, ty), tz)
+    r *= 1 + rng.normal(0, 0.002, n)
+    T = np.eye(4)
+    T[0, 3] = x0
+    return (d * r[:, None]).astype(np.float32), T
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def hardware() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = ""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = f", GPU {torch.cuda.get_device_name(0)}"
+    except Exception:
+        pass
+    return f"{model}, {os.cpu_count()} cores{gpu}"
+
+
+def pct(xs, q) -> float:
+    return float(np.percentile(np.asarray(xs) * 1e3, q)) if len(xs) else float("nan")
+
+
+class Case:
+    def __init__(self, name, transport, clients):
+        self.name, self.transport, self.clients = name, transport, clients
+        self.lat: list[float] = []
+        self.frames = 0
+        self.seconds = 0.0
+        self.qlat: list[float] = []
+        self.lock = threading.Lock()
+
+
+def run_client(url, token, map_id, frames, transport, window, stop, warm_until, case: Case):
+    lat, count = [], 0
+    with MapperClient(url, token=token, timeout=600) as c:
+        if transport == "http":
+            i = 0
+            while not stop.is_set():
+                body = frames[i % len(frames)]
+                t = time.perf_counter()
+                r = c._http.post(
+                    f"/v1/maps/{map_id}/frames",
+                    content=body,
+                    headers={"content-type": wire.MSGPACK, "accept": wire.MSGPACK},
+                )
+                if r.status_code == 429:
+                    time.sleep(0.005)
+                    continue
+                r.raise_for_status()
+                now = time.perf_counter()
+                if now >= warm_until:
+                    lat.append(now - t)
+                    count += 1
+                i += 1
+        else:
+            from websockets.sync.client import connect
+
+            headers = {"Authorization": f"Bearer {token}"} if token else None
+            ws_url = "ws" + url[4:] + f"/v1/maps/{map_id}/stream"
+            with connect(ws_url, additional_headers=headers, max_size=None) as ws:
+                sent: deque = deque()
+                i = 0
+                while not stop.is_set() or sent:
+                    while not stop.is_set() and len(sent) < window:
+                        ws.send(frames[i % len(frames)])
+                        sent.append(time.perf_counter())
+                        i += 1
+                    ws.recv()
+                    t = sent.popleft()
+                    now = time.perf_counter()
+                    if now >= warm_until and not stop.is_set():
+                        lat.append(now - t)
+                        count += 1
+    with case.lock:
+        case.lat.extend(lat)
+        case.frames += count
+
+
+def run_queries(url, token, map_id, points, stop, warm_until, case: Case):
+    with MapperClient(url, token=token, timeout=600) as c:
+        while not stop.is_set():
+            t = time.perf_counter()
+            c.query_distance(map_id, points)
+            now = time.perf_counter()
+            if now >= warm_until:
+                case.qlat.append(now - t)
+
+
+def run_case(url, token, case: Case, args, frames_per_client, queries: bool) -> Case:
+    with MapperClient(url, token=token) as c:
+        if args.shared_map:
+            ids = [
+                c.create_map(voxel_size_m=args.voxel, layers=args.layers.split(","), max_range_m=100.0)["id"]
+            ]
+            ids = ids * case.clients
+        else:
+            ids = [
+                c.create_map(voxel_size_m=args.voxel, layers=args.layers.split(","), max_range_m=100.0)["id"]
+                for _ in range(case.clients)
+            ]
+    stop = threading.Event()
+    t0 = time.perf_counter()
+    warm_until = t0 + args.warmup
+    threads = [
+        threading.Thread(
+            target=run_client,
+            args=(
+                url,
+                token,
+                ids[k],
+                frames_per_client[k],
+                case.transport,
+                args.window,
+                stop,
+                warm_until,
+                case,
+            ),
+        )
+        for k in range(case.clients)
+    ]
+    if queries:
+        qpts = np.random.default_rng(7).uniform([-15, -12, -1.5], [15, 12, 3], (args.query_points, 3))
+        threads.append(
+            threading.Thread(target=run_queries, args=(url, token, ids[0], qpts, stop, warm_until, case))
+        )
+    for t in threads:
+        t.start()
+    time.sleep(args.warmup + args.duration)
+    stop.set()
+    case.seconds = time.perf_counter() - warm_until
+    for t in threads:
+        t.join(600)
+    with MapperClient(url, token=token) as c:
+        for mid in set(ids):
+            c.delete_map(mid)
+    return case
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", help="a running server (default: start one)")
+    ap.add_argument("--token", default=os.environ.get("MAPPER_TOKEN"))
+    ap.add_argument("--device", default="cpu", help="server device when it is started here (cpu | cuda)")
+    ap.add_argument("--voxel", type=float, default=0.2)
+    ap.add_argument("--layers", default="tsdf,esdf")
+    ap.add_argument("--points", type=int, default=120_000)
+    ap.add_argument("--clients", default="1,4", help="client counts to run")
+    ap.add_argument("--transports", default="ws,http")
+    ap.add_argument("--window", type=int, default=4, help="frames in flight per WebSocket client")
+    ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per case")
+    ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--query-points", type=int, default=10_000)
+    ap.add_argument("--shared-map", action="store_true")
+    ap.add_argument("--distinct-frames", type=int, default=6, help="pre-encoded frames per client (cycled)")
+    ap.add_argument("--out", type=Path, help="write the markdown report here")
+    args = ap.parse_args(argv)
+
+    server = None
+    tmp = None
+    url = args.url
+    if url is None:
+        tmp = tempfile.mkdtemp(prefix="bench-service-")
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        env = {
+            **os.environ,
+            "MAPPER_DEVICE": args.device,
+            "MAPPER_DATA_DIR": tmp,
+            "MAPPER_PORT": str(port),
+            "MAPPER_HOST": "127.0.0.1",
+            "MAPPER_LOG_LEVEL": "warning",
+            "MAPPER_SNAPSHOT_INTERVAL_S": "0",
+        }
+        server = subprocess.Popen([sys.executable, "-m", "mapper", "serve"], env=env)
+    try:
+        with MapperClient(url, token=args.token) as c:
+            c.wait_ready(120)
+        counts = [int(x) for x in args.clients.split(",")]
+        nmax = max(counts)
+        print(f"encoding {args.distinct_frames} x {nmax} frames of {args.points} points ...", file=sys.stderr)
+        frames = [
+            [
+                wire.packb(wire.lidar_message(*lidar_scan(i, args.points, seed=k), float(i)))
+                for i in range(args.distinct_frames)
+            ]
+            for k in range(nmax)
+        ]
+        cases = []
+        for transport in args.transports.split(","):
+            for n in counts:
+                case = Case(f"{transport} x{n}", transport, n)
+                print(f"running {case.name} ...", file=sys.stderr, flush=True)
+                cases.append(run_case(url, args.token, case, args, frames, queries=False))
+        qcase = Case(f"ws x{nmax} + distance queries", "ws", nmax)
+        print(f"running {qcase.name} ...", file=sys.stderr, flush=True)
+        run_case(url, args.token, qcase, args, frames, queries=True)
+        with MapperClient(url, token=args.token) as c:
+            ready = c._http.get("/readyz").json()
+    finally:
+        if server is not None:
+            server.terminate()
+            try:
+                server.wait(120)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    lines = [
+        "# Service benchmark",
+        "",
+        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
+        f"- hardware: {hardware()}; server device {ready.get('device')}",
+        f"- command: `python benchmarks/bench_service.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
+        f"- frames: {args.points} points (float32, {args.points * 12 / 1e6:.2f} MB msgpack), voxel "
+        f"{args.voxel} m, layers {args.layers}, one map per client"
+        f"{' (shared map)' if args.shared_map else ''}, WAL fsync before each ack, ESDF updated before "
+        f"each ack (eager); WebSocket window {args.window}; {args.warmup:.0f} s warm-up then "
+        f"{args.duration:.0f} s measured per case; clients on the same machine as the server",
+        "",
+        "| case | frames | frames/s | ack p50 (ms) | ack p99 (ms) | query p50 (ms) | query p99 (ms) "
+        "| queries |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for cs in [*cases, qcase]:
+        fps = cs.frames / cs.seconds if cs.seconds > 0 else float("nan")
+        q50 = f"{pct(cs.qlat, 50):.1f}" if cs.qlat else "-"
+        q99 = f"{pct(cs.qlat, 99):.1f}" if cs.qlat else "-"
+        lat = f"{pct(cs.lat, 50):.0f} | {pct(cs.lat, 99):.0f}"
+        lines.append(f"| {cs.name} | {cs.frames} | {fps:.2f} | {lat} | {q50} | {q99} | {len(cs.qlat)} |")
+    lines += [
+        "",
+        f"Query case: {args.query_points} random points per distance query, one query client issuing "
+        "back to back while the ingest clients stream. Targets (issue, H200): >= 100 frames/s at 20 cm "
+        "from 4 clients, query p99 <= 10 ms under that load.",
+    ]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report)
+
+
+if __name__ == "__main__":
+    main()

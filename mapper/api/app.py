@@ -1,0 +1,126 @@
+"""``create_app(settings)``: the FastAPI application; its lifespan owns the map service."""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .. import __version__
+from ..errors import MapperError
+from ..settings import Settings
+from . import errors
+from .metrics import Metrics
+from .routes import frames, health, maps, queries
+from .service import MapService
+
+log = logging.getLogger("mapper.api")
+
+
+class BodyLimit:
+    """Refuse request bodies over the limit (413): by Content-Length up front, else while streaming."""
+
+    def __init__(self, app: ASGIApp, settings: Settings):
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        limit = self.settings.max_import_bytes if path.endswith("/import") else self.settings.max_body_bytes
+        for k, v in scope.get("headers", ()):
+            if k == b"content-length":
+                try:
+                    n = int(v)
+                except ValueError:
+                    n = -1
+                if n > limit or n < 0:
+                    exc = errors.PayloadTooLarge(
+                        f"body: {v.decode(errors='replace')} bytes exceed the limit of {limit}"
+                    )
+                    if n < 0:
+                        exc = errors.UnsupportedMediaType("content-length: not a valid length")
+                    response = await errors.mapper_error_handler(None, exc)  # type: ignore[arg-type]
+                    return await response(scope, receive, send)
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise errors.PayloadTooLarge(f"body: more than {limit} bytes")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+class HttpMetrics:
+    """Request latency by method, route template and status."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path_format", None) or getattr(route, "path", None) or "unmatched"
+            self.metrics.http.labels(scope["method"], path, str(status)).observe(time.perf_counter() - t)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The service for ``settings`` (default: from the environment). Nothing heavy happens before the
+    lifespan starts: the map service (maps restored from ``MAPPER_DATA_DIR``) lives inside it."""
+    settings = settings or Settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        settings.check_bind()  # also when served by a plain `uvicorn --factory` with MAPPER_HOST set
+        service = MapService(settings, metrics)
+        app.state.service = service
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(
+        title="mapper",
+        version=__version__,
+        description="Real-time 3D mapping: msgpack/JSON frame ingest over HTTP and WebSocket, distance, "
+        "occupancy and TSDF queries, ESDF slices, meshes, durable maps. Errors are {type, detail}.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.add_exception_handler(MapperError, errors.mapper_error_handler)
+    app.add_exception_handler(RequestValidationError, errors.validation_error_handler)
+    app.add_exception_handler(StarletteHTTPException, errors.http_error_handler)
+    app.add_exception_handler(Exception, errors.internal_error_handler)
+    for r in (maps.router, frames.router, queries.router, health.router):
+        app.include_router(r)
+    app.add_middleware(BodyLimit, settings=settings)
+    app.add_middleware(HttpMetrics, metrics=metrics)
+    return app

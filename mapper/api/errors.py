@@ -1,0 +1,110 @@
+"""Service errors (subclasses of the library's hierarchy) and the one handler mapping them to HTTP.
+
+Every error body is ``{"type": <snake_case name>, "detail": <message>}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import CapacityExceeded, Conflict, InvalidArgument, InvalidArgumentType, MapperError, NotFound
+from ..wire import MalformedMessage, TooLarge
+
+log = logging.getLogger("mapper.api")
+
+
+class Unauthorized(MapperError):
+    """No bearer token, or an unknown one (HTTP 401)."""
+
+
+class Forbidden(MapperError):
+    """A valid token without the right for this operation (HTTP 403)."""
+
+
+class PayloadTooLarge(TooLarge):
+    """The request body exceeds ``MAPPER_MAX_BODY_BYTES`` (HTTP 413)."""
+
+
+class Busy(CapacityExceeded):
+    """The map's queue is full; retry later (HTTP 429)."""
+
+
+class Unavailable(MapperError):
+    """The service is starting or stopping (HTTP 503)."""
+
+
+class UnsupportedMediaType(InvalidArgument):
+    """The body's Content-Type is neither msgpack nor JSON (HTTP 415 is not in the contract: 400)."""
+
+
+# most specific first
+STATUS: list[tuple[type[BaseException], int]] = [
+    (Unauthorized, 401),
+    (Forbidden, 403),
+    (MalformedMessage, 400),
+    (UnsupportedMediaType, 400),
+    (NotFound, 404),
+    (Conflict, 409),
+    (Busy, 429),
+    (TooLarge, 413),
+    (CapacityExceeded, 413),
+    (Unavailable, 503),
+    (InvalidArgumentType, 422),
+    (InvalidArgument, 422),
+    (MapperError, 400),
+]
+
+
+def error_type(exc: BaseException) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
+
+
+def status_of(exc: BaseException) -> int:
+    for cls, code in STATUS:
+        if isinstance(exc, cls):
+            return code
+    return 500
+
+
+def error_body(exc: BaseException) -> dict:
+    return {"type": error_type(exc), "detail": str(exc)}
+
+
+async def mapper_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """The one handler: library and service errors -> ``{"type", "detail"}`` with their status."""
+    code = status_of(exc)
+    headers = {}
+    if code == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    elif code in (429, 503):
+        headers["Retry-After"] = "1"
+    return JSONResponse(error_body(exc), status_code=code, headers=headers)
+
+
+async def validation_error_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    parts = []
+    for e in errors[:10]:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+        parts.append(f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
+    return JSONResponse({"type": "validation_error", "detail": "; ".join(parts)}, status_code=422)
+
+
+async def http_error_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    kinds = {404: "not_found", 405: "method_not_allowed", 400: "bad_request", 413: "payload_too_large"}
+    return JSONResponse(
+        {"type": kinds.get(exc.status_code, "http_error"), "detail": str(exc.detail)},
+        status_code=exc.status_code,
+        headers=getattr(exc, "headers", None),
+    )
+
+
+async def internal_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return JSONResponse({"type": "internal_error", "detail": "internal server error"}, status_code=500)

@@ -1,0 +1,1 @@
+"""One router per resource: maps, frames (HTTP + WebSocket ingest), queries, health."""

@@ -1,0 +1,138 @@
+"""Ingest: one frame per POST, or a WebSocket stream of frames with in-order acks and backpressure."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
+
+from ... import wire
+from ...errors import MapperError
+from ..deps import EntryDep, ReadAuth, WriteAuth, check_token, is_msgpack_body, read_message, reply
+from ..errors import PayloadTooLarge, error_body, status_of
+from ..schemas import FRAME_BODY, Ack, ErrorBody
+from ..service import MapEntry, encode_record
+
+log = logging.getLogger("mapper.api.frames")
+ERRORS = {c: {"model": ErrorBody} for c in (400, 401, 403, 404, 413, 422, 429, 503)}
+router = APIRouter(prefix="/v1/maps", tags=["frames"])
+
+
+def _decode(body_or_msg, limits: wire.Limits, msgpack_body: bool):
+    """Thread: bytes or dict -> (frame, WAL record)."""
+    msg = wire.unpackb(body_or_msg) if msgpack_body else body_or_msg
+    frame = wire.parse_frame(msg, limits)
+    return frame, encode_record("frame", frame)
+
+
+@router.post(
+    "/{map_id}/frames",
+    response_model=Ack,
+    dependencies=[ReadAuth, WriteAuth],
+    responses=ERRORS,
+    openapi_extra=FRAME_BODY,
+)
+async def post_frame(request: Request, entry: EntryDep):
+    """Integrate one frame. The ack comes after the frame is in the write-ahead log (fsync'd) and in the
+    map: a query sent after the ack sees it. 429 when the map's queue is full (retry)."""
+    t0 = time.perf_counter()
+    if is_msgpack_body(request):
+        body = await request.body()
+        frame, record = await asyncio.to_thread(_decode, body, entry.service.limits, True)
+    else:
+        msg = await read_message(request)
+        frame, record = await asyncio.to_thread(_decode, msg, entry.service.limits, False)
+    fut = entry.submit_nowait("frame", frame, record)
+    ack = await fut
+    entry.metrics.ack.labels("http").observe(time.perf_counter() - t0)
+    return reply(request, ack)
+
+
+async def _deny(ws: WebSocket, exc: MapperError) -> None:
+    """Refuse a WebSocket before accepting it (an HTTP error response where the server supports it)."""
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        await ws.send_denial_response(JSONResponse(error_body(exc), status_code=status_of(exc)))
+    else:
+        await ws.close(code=1008, reason=str(exc)[:120])
+
+
+@router.websocket("/{map_id}/stream")
+async def stream_frames(ws: WebSocket, map_id: str):
+    """Binary msgpack frames in, msgpack acks out in the same order. When the map's queue is full the
+    server stops reading (backpressure); an accepted frame is never dropped. A bad frame gets an error
+    message ``{"type", "detail", "frame_id"?}`` in its place and the stream goes on. Auth: the
+    ``Authorization: Bearer`` header, or ``?token=`` for clients that cannot set headers."""
+    app = ws.app
+    settings = app.state.settings
+    try:
+        auth = ws.headers.get("authorization", "")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else ws.query_params.get("token")
+        check_token(settings, token, write=True)
+        entry: MapEntry = app.state.service.get(map_id)
+    except MapperError as e:
+        await _deny(ws, e)
+        return
+    await ws.accept()
+    metrics = entry.metrics
+    metrics.ws_connections.inc()
+    pending: asyncio.Queue = asyncio.Queue(settings.ws_max_in_flight)
+    loop = asyncio.get_running_loop()
+
+    async def send_acks():
+        while True:
+            item = await pending.get()
+            if item is None:
+                return
+            fut, t0, fid = item
+            try:
+                msg = await fut
+                metrics.ack.labels("ws").observe(time.perf_counter() - t0)
+            except MapperError as e:
+                msg = {**error_body(e), "status": status_of(e)}
+                if fid is not None:
+                    msg["frame_id"] = fid
+            except Exception as e:  # an internal error: report it, keep the stream
+                log.exception("stream %s: frame failed", entry.id)
+                msg = {"type": "internal_error", "detail": type(e).__name__, "status": 500}
+            await ws.send_bytes(wire.packb(msg))
+
+    sender = loop.create_task(send_acks())
+    try:
+        while True:
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                break
+            t0 = time.perf_counter()
+            data = message.get("bytes")
+            fut = loop.create_future()
+            fid = None
+            try:
+                if data is None:
+                    raise wire.MalformedMessage("stream: send frames as binary msgpack messages")
+                if len(data) > settings.max_body_bytes:
+                    raise PayloadTooLarge(f"frame: {len(data)} bytes exceed MAPPER_MAX_BODY_BYTES")
+                frame, record = await asyncio.to_thread(_decode, data, entry.service.limits, True)
+                fid = frame.frame_id
+                fut = await entry.submit("frame", frame, record)  # waits while the queue is full
+            except MapperError as e:
+                fut.set_exception(e)
+            await pending.put((fut, t0, fid))  # waits while too many acks are outstanding
+            if sender.done():
+                break
+    except WebSocketDisconnect:
+        pass
+    finally:
+        metrics.ws_connections.dec()
+        if not sender.done():
+            with contextlib.suppress(asyncio.QueueFull):
+                pending.put_nowait(None)
+            try:
+                await asyncio.wait_for(sender, timeout=60)
+            except Exception:
+                sender.cancel()
+        with contextlib.suppress(Exception):
+            await ws.close()

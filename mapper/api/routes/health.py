@@ -1,0 +1,39 @@
+"""Liveness, readiness and Prometheus metrics (no token: probes and scrapers call these)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..deps import MetricsDep, ServiceDep
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict:
+    """The process serves requests."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", responses={503: {"description": "restoring maps or stopping"}})
+async def readyz(service: ServiceDep):
+    """Maps are restored and the service accepts work (503 while restoring or stopping)."""
+    if service.stopping or not service.ready.is_set():
+        state = "stopping" if service.stopping else "restoring"
+        return JSONResponse({"type": "unavailable", "detail": state}, status_code=503)
+    return {
+        "status": "ready",
+        "maps": len(service.maps),
+        "failed": service.failed,
+        "device": str(service.device),
+    }
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+async def metrics(m: MetricsDep, service: ServiceDep) -> Response:
+    """Prometheus text format."""
+    for e in list(service.maps.values()):
+        m.queue_depth.labels(e.id).set(e.queue.qsize())
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,230 @@
+"""Queries on a consistent epoch of the map: distances, occupancy, TSDF, ESDF slices and boxes, meshes."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Annotated, Literal
+
+import numpy as np
+import torch
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from ... import wire
+from ...errors import InvalidArgument
+from ..deps import EntryDep, ReadAuth, read_message, reply
+from ..schemas import QUERY_BODY, BoxRequest, ErrorBody
+from ..service import MapEntry, require
+
+ERRORS = {c: {"model": ErrorBody} for c in (400, 401, 403, 404, 413, 422, 429, 503)}
+router = APIRouter(prefix="/v1/maps", tags=["queries"], dependencies=[ReadAuth], responses=ERRORS)
+ARRAY_RESPONSE = {
+    200: {
+        "description": "JSON (arrays as nested lists, NaN as null) or msgpack "
+        "(`Accept: application/msgpack`, "
+        "arrays as {dtype, shape, data})",
+        "content": {"application/json": {}, "application/msgpack": {}},
+    }
+}
+
+
+def np_(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+async def _points(request: Request, entry: MapEntry) -> np.ndarray:
+    msg = await read_message(request)
+    limit = entry.service.limits.max_query_points
+    return await asyncio.to_thread(wire.check_points, msg.get("points"), "points", limit, False)
+
+
+async def _timed(entry: MapEntry, kind: str, fn, **kw):
+    t = time.perf_counter()
+    out = await entry.read(fn, **kw)
+    entry.metrics.query.labels(kind).observe(time.perf_counter() - t)
+    return out
+
+
+@router.post("/{map_id}/query/distance", openapi_extra=QUERY_BODY, responses=ARRAY_RESPONSE)
+async def query_distance(request: Request, entry: EntryDep):
+    """Signed distance (m), its gradient and an observed flag at world points (trilinear in the ESDF)."""
+    pts = await _points(request, entry)
+
+    def run(m):
+        d, g, obs = require(m, "query_distance")(pts)
+        return {
+            "distance": np_(d).astype(np.float32),
+            "gradient": np_(g).astype(np.float32),
+            "observed": np_(obs).astype(np.uint8),
+            "map_version": m.version,
+        }
+
+    return reply(request, await _timed(entry, "distance", run, esdf=True))
+
+
+@router.post("/{map_id}/query/occupancy", openapi_extra=QUERY_BODY, responses=ARRAY_RESPONSE)
+async def query_occupancy(request: Request, entry: EntryDep):
+    """Occupancy state (-1 unknown, 0 free, 1 occupied) and probability at world points."""
+    pts = await _points(request, entry)
+
+    def run(m):
+        state, p = require(m, "query_occupancy")(pts)
+        return {
+            "state": np_(state).astype(np.int32),
+            "probability": np_(p).astype(np.float32),
+            "map_version": m.version,
+        }
+
+    return reply(request, await _timed(entry, "occupancy", run))
+
+
+@router.post("/{map_id}/query/tsdf", openapi_extra=QUERY_BODY, responses=ARRAY_RESPONSE)
+async def query_tsdf(request: Request, entry: EntryDep):
+    """Truncated signed distance (m) and weight at world points (weight 0 = unobserved)."""
+    pts = await _points(request, entry)
+
+    def run(m):
+        t, w = require(m, "query_tsdf")(pts)
+        return {
+            "tsdf": np_(t).astype(np.float32),
+            "weight": np_(w).astype(np.float32),
+            "map_version": m.version,
+        }
+
+    return reply(request, await _timed(entry, "tsdf", run))
+
+
+Finite = Annotated[float, Query(allow_inf_nan=False)]
+
+
+@router.get(
+    "/{map_id}/esdf/slice",
+    responses={
+        200: {
+            "description": "PNG (colour-mapped distances) or msgpack/JSON {distance, origin_xy, "
+            "resolution_m}",
+            "content": {"image/png": {}, "application/msgpack": {}, "application/json": {}},
+        }
+    },
+)
+async def esdf_slice(
+    request: Request,
+    entry: EntryDep,
+    z: Annotated[float, Query(allow_inf_nan=False, ge=-1e6, le=1e6, description="height of the slice (m)")],
+    format: Literal["png", "msgpack", "json"] = "png",
+    x_min: Annotated[float | None, Query(allow_inf_nan=False, ge=-1e6, le=1e6)] = None,
+    y_min: Annotated[float | None, Query(allow_inf_nan=False, ge=-1e6, le=1e6)] = None,
+    x_max: Annotated[float | None, Query(allow_inf_nan=False, ge=-1e6, le=1e6)] = None,
+    y_max: Annotated[float | None, Query(allow_inf_nan=False, ge=-1e6, le=1e6)] = None,
+    resolution_m: Annotated[float | None, Query(gt=0, le=100, allow_inf_nan=False)] = None,
+):
+    """A horizontal ESDF slice at height ``z`` (NaN = unknown); bounds default to the map's extent."""
+    bounds = (x_min, y_min, x_max, y_max)
+    if any(b is None for b in bounds) and any(b is not None for b in bounds):
+        raise InvalidArgument("x_min, y_min, x_max, y_max: give all four or none")
+    lo = hi = None
+    if bounds[0] is not None:
+        lo, hi = (x_min, y_min), (x_max, y_max)
+        if x_min >= x_max or y_min >= y_max:
+            raise InvalidArgument("x_min/y_min must be < x_max/y_max")
+        res = resolution_m or entry.map.voxel_size_m
+        cells = math.ceil((x_max - x_min) / res) * math.ceil((y_max - y_min) / res)
+        if cells > entry.settings.max_slice_cells:
+            from ...wire import TooLarge
+
+            raise TooLarge(
+                f"slice: {cells} cells exceed MAPPER_MAX_SLICE_CELLS={entry.settings.max_slice_cells}"
+            )
+
+    def run(m):
+        s = require(m, "esdf_slice")(
+            z,
+            aabb_min_xy=lo,
+            aabb_max_xy=hi,
+            resolution_m=resolution_m,
+            max_pixels=entry.settings.max_slice_cells,
+        )
+        if format == "png":
+            from ... import render
+
+            return render.slice_to_png(s, max_distance_m=m.esdf_max_distance_m)
+        return {
+            "distance": np_(s.distance).astype(np.float32),
+            "origin_xy": [float(v) for v in s.origin_xy],
+            "resolution_m": float(s.resolution_m),
+            "z_m": z,
+            "map_version": m.version,
+        }
+
+    out = await _timed(entry, "slice", run, esdf=True)
+    if format == "png":
+        return Response(out, media_type="image/png")
+    if format == "msgpack":
+        return Response(wire.packb(out), media_type=wire.MSGPACK)
+    return reply(request, out)
+
+
+@router.post("/{map_id}/esdf/box", responses=ARRAY_RESPONSE)
+async def esdf_box(request: Request, entry: EntryDep, body: BoxRequest):
+    """The ESDF on the voxel lattice inside a box: distance [X, Y, Z], gradient [X, Y, Z, 3], observed."""
+    s = entry.map.voxel_size_m
+    n = math.prod(max(1, math.ceil((b - a) / s)) for a, b in zip(body.aabb_min, body.aabb_max, strict=True))
+    if n > entry.settings.max_box_voxels:
+        from ...wire import TooLarge
+
+        raise TooLarge(f"box: {n} voxels exceed MAPPER_MAX_BOX_VOXELS={entry.settings.max_box_voxels}")
+
+    def run(m):
+        b = require(m, "esdf_box")(body.aabb_min, body.aabb_max, max_voxels=entry.settings.max_box_voxels)
+        return {
+            "distance": np_(b.distance).astype(np.float32),
+            "gradient": np_(b.gradient).astype(np.float32),
+            "observed": np_(b.observed).astype(np.uint8),
+            "origin": [float(v) for v in np_(b.origin).reshape(-1)],
+            "resolution_m": float(b.resolution_m),
+            "map_version": m.version,
+        }
+
+    return reply(request, await _timed(entry, "box", run, esdf=True))
+
+
+@router.get(
+    "/{map_id}/mesh",
+    responses={
+        200: {
+            "description": "binary PLY, or msgpack {vertices, faces, colors?, normals, version, "
+            "removed_blocks, ...}",
+            "content": {"application/octet-stream": {}, "application/msgpack": {}},
+        }
+    },
+)
+async def get_mesh(
+    entry: EntryDep,
+    format: Literal["ply", "msgpack"] = "ply",
+    since_version: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+):
+    """The TSDF zero-crossing mesh; with ``since_version`` only the blocks changed since then (plus the
+    removed blocks), for incremental viewers."""
+
+    def run(m):
+        t = time.perf_counter()
+        mesh = require(m, "mesh")(since_version=since_version)
+        entry.metrics.stage.labels("mesh").observe(time.perf_counter() - t)
+        from ... import io
+
+        if format == "ply":
+            return io.mesh_to_ply_bytes(mesh)
+        return wire.packb(io.mesh_to_msgpack_dict(mesh))
+
+    out = await _timed(entry, "mesh", run, exclusive=True)
+    if format == "ply":
+        return Response(
+            out,
+            media_type="application/octet-stream",
+            headers={"Content-Disposition": f'attachment; filename="{entry.name}.ply"'},
+        )
+    return Response(out, media_type=wire.MSGPACK)

@@ -1,0 +1,193 @@
+"""API schemas (pydantic), separate from the library's types."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Coord = Annotated[float, Field(ge=-1e6, le=1e6, allow_inf_nan=False)]  # metres; +-1000 km
+Vec3 = Annotated[list[Coord], Field(min_length=3, max_length=3)]
+LayerName = Literal["tsdf", "color", "occupancy", "esdf"]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+MapId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
+class ErrorBody(BaseModel):
+    type: str
+    detail: str
+
+
+class OccupancyParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    l_hit: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] | None = None
+    l_miss: Annotated[float, Field(lt=0, ge=-10, allow_inf_nan=False)] | None = None
+    clamp_min: Annotated[float, Field(lt=0, ge=-50, allow_inf_nan=False)] | None = None
+    clamp_max: Annotated[float, Field(gt=0, le=50, allow_inf_nan=False)] | None = None
+
+
+class MapCreate(BaseModel):
+    """A new map. Unset parameters take the service defaults (``MAPPER_DEFAULT_*``) or the library's."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Annotated[str, Field(pattern=NAME_PATTERN)] | None = Field(
+        None, description="unique among the service's maps (409 otherwise); default: the id"
+    )
+    voxel_size_m: Annotated[float, Field(ge=0.005, le=10.0, allow_inf_nan=False)] | None = None
+    layers: Annotated[list[LayerName], Field(min_length=1, max_length=4)] | None = None
+    truncation_vox: Annotated[float, Field(ge=1.0, le=32.0, allow_inf_nan=False)] | None = None
+    esdf_max_distance_m: Annotated[float, Field(gt=0, le=50.0, allow_inf_nan=False)] | None = None
+    max_range_m: Annotated[float, Field(gt=0, le=1000.0, allow_inf_nan=False)] | None = None
+    tsdf_max_weight: Annotated[float, Field(gt=0, le=1e4, allow_inf_nan=False)] | None = None
+    tsdf_obs_weight: Annotated[float, Field(gt=0, le=1e3, allow_inf_nan=False)] | None = None
+    occupancy: OccupancyParams | None = None
+
+
+class MapSummary(BaseModel):
+    id: str
+    name: str
+    created: str | None = None
+    config: dict
+    frames_integrated: int
+    version: int
+    last_seq: int = Field(description="sequence number of the last operation in the write-ahead log")
+    queue_depth: int
+
+
+class MapList(BaseModel):
+    maps: list[MapSummary]
+
+
+class SnapshotInfo(BaseModel):
+    map_id: str
+    seq: int = Field(description="the last write-ahead log sequence number the snapshot contains")
+    bytes: int
+    version: int | None = None
+
+
+class MapDetail(MapSummary):
+    stats: dict
+    snapshot: SnapshotInfo | None = None
+
+
+class Ack(BaseModel):
+    seq: int
+    map_version: int
+    points_used: int
+    points_dropped: int
+    integrate_ms: float
+    frame_id: str | None = None
+
+
+class OpResult(BaseModel):
+    seq: int
+    map_version: int
+    bricks_freed: dict = Field(default_factory=dict)
+
+
+class ClearRequest(BaseModel):
+    """Remove voxels in the box ``[aabb_min, aabb_max]``, or outside a sphere, or (no fields) all."""
+
+    model_config = ConfigDict(extra="forbid")
+    aabb_min: Vec3 | None = None
+    aabb_max: Vec3 | None = None
+    keep_center_m: Vec3 | None = Field(None, description="with keep_radius_m: clear everything outside")
+    keep_radius_m: Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)] | None = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        if (self.aabb_min is None) != (self.aabb_max is None):
+            raise ValueError("aabb_min and aabb_max go together")
+        if (self.keep_center_m is None) != (self.keep_radius_m is None):
+            raise ValueError("keep_center_m and keep_radius_m go together")
+        if self.aabb_min is not None and self.keep_center_m is not None:
+            raise ValueError("give a box or a sphere, not both")
+        if self.aabb_min is not None and any(
+            a > b for a, b in zip(self.aabb_min, self.aabb_max, strict=True)
+        ):
+            raise ValueError("aabb_min must be <= aabb_max on every axis")
+        return self
+
+
+class DecayRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    factor: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.5
+    threshold: Annotated[float, Field(ge=0, allow_inf_nan=False, le=1e6)] = 0.05
+
+
+class BoxRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    aabb_min: Vec3
+    aabb_max: Vec3
+
+    @model_validator(mode="after")
+    def _check(self):
+        if any(a >= b for a, b in zip(self.aabb_min, self.aabb_max, strict=True)):
+            raise ValueError("aabb_min must be < aabb_max on every axis")
+        return self
+
+
+POINTS_SCHEMA = {
+    "type": "array",
+    "items": {"type": "array", "items": {"type": "number"}, "minItems": 3, "maxItems": 3},
+    "minItems": 1,
+}
+QUERY_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": '`{"points": [[x, y, z], ...]}` in JSON, or msgpack with points as a wire array '
+        "(float32/float64 [M, 3]). Metres, world frame.",
+        "content": {
+            "application/json": {
+                "schema": {"type": "object", "required": ["points"], "properties": {"points": POINTS_SCHEMA}}
+            },
+        },
+    }
+}
+FRAME_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "One frame: msgpack (`application/msgpack`, arrays as {dtype, shape, data}) or JSON "
+        "with nested lists. See mapper/wire.py.",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["kind", "T_world_sensor"],
+                    "properties": {
+                        "kind": {"type": "string", "enum": ["lidar", "depth"]},
+                        "points": {
+                            "type": "array",
+                            "items": {
+                                "type": "array",
+                                "items": {"type": "number"},
+                                "minItems": 3,
+                                "maxItems": 4,
+                            },
+                        },
+                        "T_world_sensor": {
+                            "type": "array",
+                            "items": {"type": "number"},
+                            "minItems": 16,
+                            "maxItems": 16,
+                        },
+                        "timestamp": {"type": "number"},
+                        "frame_id": {"type": "string"},
+                        "depth": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+                        "depth_scale": {"type": "number"},
+                        "K": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4},
+                    },
+                }
+            },
+        },
+    }
+}
+IMPORT_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "A snapshot file as downloaded from GET /v1/maps/{id}/export (safetensors).",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}

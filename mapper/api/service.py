@@ -1,0 +1,657 @@
+"""The map registry and the per-map writers (no HTTP here).
+
+Concurrency model:
+* Each map has one **writer**: a single-thread executor that owns every mutation of the map (frames,
+  clear, decay, ESDF updates, snapshot captures). An asyncio task feeds it batches from the map's bounded
+  queue: append the batch's records to the WAL, fsync once (group commit), integrate them under the
+  map's write lock, update the ESDF, then resolve the callers' futures (the acks).
+* **Queries** run on a shared thread pool under the map's read lock, so they see the map between
+  batches (a consistent epoch) and run concurrently with each other.
+* The event loop only awaits: decoding, GPU/CPU work and file I/O run in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import wire
+from ..errors import Conflict, InvalidArgument, MapperError, NotFound
+from ..map import Map
+from ..persistence import DataDir, MapDir, Snapshot, load_snapshot_bytes
+from ..settings import Settings
+from .errors import Busy, Unavailable
+from .metrics import Metrics
+
+log = logging.getLogger("mapper.service")
+
+DURABLE_OPS = ("frame", "clear", "decay", "clear_outside")
+
+
+class FeatureUnavailable(Unavailable):
+    """The installed mapper library lacks the method this endpoint needs (HTTP 503)."""
+
+
+def require(m: Map, method: str):
+    fn = getattr(m, method, None)
+    if fn is None:
+        raise FeatureUnavailable(f"Map.{method} is not available in this version of mapper")
+    return fn
+
+
+def stage_timings(m: Map) -> dict[str, float]:
+    """Per-stage times (ms) of the map's last operation, without the O(map) work of ``stats()``."""
+    return m.timings_ms()
+
+
+class RWLock:
+    """A writer-preferring reader-writer lock for threads."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._waiting_writers = 0
+
+    @contextlib.contextmanager
+    def read(self):
+        with self._cond:
+            while self._writer or self._waiting_writers:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if self._readers == 0:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def write(self):
+        with self._cond:
+            self._waiting_writers += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting_writers -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+@dataclass
+class Op:
+    """One unit of work for a map's writer."""
+
+    kind: str  # "frame" | "clear" | "decay" | "clear_outside"
+    args: Any  # a wire.Frame or the operation's dict
+    record: bytes  # the WAL payload
+    future: asyncio.Future
+    t0: float = field(default_factory=time.perf_counter)
+    seq: int = 0
+
+
+_STOP = object()
+
+
+def apply_op(m: Map, kind: str, args) -> dict:
+    """Apply one operation to a map (the live path and WAL replay share this)."""
+    if kind == "frame":
+        f = args
+        if isinstance(f, wire.LidarFrame):
+            return m.integrate_lidar(f.points, f.T_world_sensor)
+        return m.integrate_depth(f.depth_m, f.K, f.T_world_sensor, color=f.color)
+    if kind == "clear":
+        return m.clear(args.get("aabb_min"), args.get("aabb_max"))
+    if kind == "decay":
+        return m.decay(args["factor"], args["threshold"])
+    if kind == "clear_outside":
+        return m.clear_outside(args["center_m"], args["radius_m"])
+    raise InvalidArgument(f"op: unknown operation {kind!r}")
+
+
+def encode_record(kind: str, args) -> bytes:
+    if kind == "frame":
+        return wire.packb({"op": "frame", "frame": wire.frame_to_wire(args)})
+    return wire.packb({"op": kind, **args})
+
+
+def decode_record(payload: bytes, limits: wire.Limits) -> tuple[str, Any]:
+    rec = wire.unpackb(payload)
+    kind = rec.pop("op")
+    if kind == "frame":
+        return kind, wire.parse_frame(rec["frame"], limits)
+    return kind, rec
+
+
+class MapEntry:
+    """A served map: the Map, its files, its writer and its lock."""
+
+    def __init__(self, service: MapService, info: dict, m: Map, mdir: MapDir, last_seq: int, snap_seq: int):
+        self.service = service
+        self.settings = service.settings
+        self.metrics = service.metrics
+        self.info = info
+        self.id: str = info["id"]
+        self.name: str = info["name"]
+        self.map = m
+        self.dir = mdir
+        self.lock = RWLock()
+        self.last_seq = last_seq
+        self.snapshot_seq = snap_seq
+        self.snapshot_version = m.version
+        self.snapshot_time = time.monotonic()
+        self.last_snapshot: Snapshot | None = None
+        self.esdf_dirty = "esdf" in m.layers
+        self.queue: asyncio.Queue = asyncio.Queue(self.settings.queue_depth)
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"map-{self.id}")
+        self.wal = mdir.open_wal(last_seq + 1)
+        self.wal_bytes_since_snapshot = 0
+        self.snap_lock = asyncio.Lock()
+        self.closed = False
+        self.task: asyncio.Task | None = None
+        self.stats_time = 0.0
+
+    # ------------------------------------------------------------------------------ async interface
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"writer-{self.id}")
+
+    def _op(self, kind: str, args, record: bytes | None = None) -> Op:
+        if self.closed:
+            raise NotFound(f"map {self.id!r} is being deleted or the service is stopping")
+        rec = record if record is not None else encode_record(kind, args)
+        return Op(kind, args, rec, asyncio.get_running_loop().create_future())
+
+    def submit_nowait(self, kind: str, args, record: bytes | None = None) -> asyncio.Future:
+        """Queue an operation or raise ``Busy`` when the map's queue is full (HTTP ingest)."""
+        op = self._op(kind, args, record)
+        try:
+            self.queue.put_nowait(op)
+        except asyncio.QueueFull:
+            raise Busy(
+                f"map {self.id!r}: queue full ({self.settings.queue_depth} operations); retry"
+            ) from None
+        self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
+        return op.future
+
+    async def submit(self, kind: str, args, record: bytes | None = None) -> asyncio.Future:
+        """Queue an operation, waiting for room (WebSocket backpressure, maintenance operations)."""
+        op = self._op(kind, args, record)
+        await self.queue.put(op)
+        self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
+        return op.future
+
+    async def read(self, fn, *, exclusive: bool = False, esdf: bool = False):
+        """Run ``fn(map)`` on the query pool under the read lock (write lock if ``exclusive``)."""
+        if esdf and self.esdf_dirty and "esdf" in self.map.layers:
+            await asyncio.get_running_loop().run_in_executor(self.executor, self._update_esdf_locked)
+        lock = self.lock.write if exclusive else self.lock.read
+
+        def call():
+            with lock():
+                return fn(self.map)
+
+        return await asyncio.get_running_loop().run_in_executor(self.service.query_pool, call)
+
+    async def call_writer(self, fn):
+        """Run ``fn()`` on the map's writer thread (between batches)."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = False
+        while not stop:
+            op = await self.queue.get()
+            if op is _STOP:
+                break
+            batch = [op]
+            while len(batch) < self.settings.max_batch and not self.queue.empty():
+                nxt = self.queue.get_nowait()
+                if nxt is _STOP:
+                    stop = True
+                    break
+                batch.append(nxt)
+            self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
+            try:
+                results = await loop.run_in_executor(self.executor, self._process, batch)
+            except BaseException as e:  # WAL failure: nothing of the batch was acknowledged
+                log.exception("map %s: batch failed", self.id)
+                results = [e] * len(batch)
+                if isinstance(e, asyncio.CancelledError):
+                    raise
+            for o, res in zip(batch, results, strict=True):
+                if o.future.done():
+                    continue
+                if isinstance(res, BaseException):
+                    o.future.set_exception(res)
+                else:
+                    o.future.set_result(res)
+        self.metrics.queue_depth.labels(self.id).set(0)
+
+    # ------------------------------------------------------------------------------- writer thread
+    def _process(self, batch: list[Op]) -> list:
+        t = time.perf_counter()
+        for op in batch:
+            self.last_seq += 1
+            op.seq = self.last_seq
+            self.wal.append(op.seq, op.record)
+            self.wal_bytes_since_snapshot += len(op.record)
+        self.wal.sync()
+        self.metrics.wal_sync.observe(time.perf_counter() - t)
+        self.metrics.batch.observe(len(batch))
+        results = []
+        with self.lock.write():
+            for op in batch:
+                try:
+                    res = self._apply(op)
+                    res["map_version"] = self.map.version
+                    results.append(res)
+                except MapperError as e:
+                    results.append(e)
+                except Exception as e:  # a library bug: keep serving, report it as an internal error
+                    log.exception("map %s: op %d (%s) failed", self.id, op.seq, op.kind)
+                    results.append(e)
+            if "esdf" in self.map.layers:
+                self.esdf_dirty = True
+                if self.settings.esdf_update == "eager":
+                    try:
+                        self._update_esdf()
+                    except Exception:  # the frames are in; the next update retries the region
+                        log.exception("map %s: ESDF update failed", self.id)
+        now = time.monotonic()
+        if now - self.stats_time > 2.0:
+            self.stats_time = now
+            self._refresh_stats()
+        return results
+
+    def _apply(self, op: Op) -> dict:
+        t = time.perf_counter()
+        res = apply_op(self.map, op.kind, op.args)
+        dt = time.perf_counter() - t
+        if op.kind != "frame":
+            return {"seq": op.seq, **_jsonable(res)}
+        f = op.args
+        for stage, ms in stage_timings(self.map).items():
+            self.metrics.stage.labels(stage).observe(ms / 1e3)
+        self.metrics.integrate.labels(f.kind).observe(dt)
+        self.metrics.frames.labels(self.id, f.kind).inc()
+        self.metrics.points.labels(self.id, "used").inc(res["points_used"])
+        self.metrics.points.labels(self.id, "dropped").inc(res["points_dropped"])
+        ack = {
+            "seq": op.seq,
+            "map_version": 0,
+            "points_used": int(res["points_used"]),
+            "points_dropped": int(res["points_dropped"]),
+            "integrate_ms": dt * 1e3,
+        }
+        if f.frame_id is not None:
+            ack["frame_id"] = f.frame_id
+        return ack
+
+    def _update_esdf(self) -> None:
+        t = time.perf_counter()
+        self.map.update_esdf()
+        self.metrics.stage.labels("esdf").observe(time.perf_counter() - t)
+        self.esdf_dirty = False
+
+    def _update_esdf_locked(self) -> None:
+        if self.esdf_dirty:
+            with self.lock.write():
+                self._update_esdf()
+
+    def _refresh_stats(self) -> None:
+        try:
+            with self.lock.read():
+                s = self.map.stats()
+            self.metrics.set_layer_stats(self.id, s)
+        except Exception:  # metrics must never break ingest
+            log.exception("map %s: stats failed", self.id)
+
+    def _capture(self, force: bool = False):
+        """Writer thread: the map's state and the WAL position it covers; rotates the WAL."""
+        unchanged = self.last_seq == self.snapshot_seq and self.map.version == self.snapshot_version
+        if unchanged and not force:
+            return None
+        with self.lock.read():
+            tensors, meta = self.map.state_dict()
+        seq = self.last_seq
+        self.wal.close()
+        self.wal = self.dir.open_wal(seq + 1)
+        self.wal_bytes_since_snapshot = 0
+        return seq, tensors, {**meta, "info": self.info}, self.map.version
+
+    # ----------------------------------------------------------------------------------- snapshots
+    async def snapshot(self, force: bool = False) -> Snapshot | None:
+        """Write a snapshot if the map changed since the last one (or ``force``); returns the newest."""
+        async with self.snap_lock:
+            if not force and self.last_snapshot is None:
+                force = True  # a map never snapshotted yet (export of a new map)
+            cap = await self.call_writer(lambda: self._capture(force))
+            if cap is None:
+                return self.last_snapshot
+            seq, tensors, meta, version = cap
+            t = time.perf_counter()
+            snap = await asyncio.to_thread(self.dir.write_snapshot, seq, tensors, meta)
+            await asyncio.to_thread(self.dir.prune, seq, self.settings.snapshots_kept)
+            self.metrics.snapshot.observe(time.perf_counter() - t)
+            self.snapshot_seq, self.snapshot_version = seq, version
+            self.snapshot_time = time.monotonic()
+            self.last_snapshot = snap
+            log.info("map %s: snapshot at seq %d (%d bytes)", self.id, seq, snap.path.stat().st_size)
+            return snap
+
+    def snapshot_due(self) -> bool:
+        s = self.settings
+        changed = self.last_seq != self.snapshot_seq
+        if not changed:
+            return False
+        if self.wal_bytes_since_snapshot >= s.snapshot_wal_bytes:
+            return True
+        return s.snapshot_interval_s > 0 and time.monotonic() - self.snapshot_time >= s.snapshot_interval_s
+
+    async def close(self, snapshot: bool = True) -> None:
+        """Finish queued work, snapshot (optionally), close the WAL and the writer."""
+        self.closed = True
+        if self.task is not None and not self.task.done():
+            await self.queue.put(_STOP)
+            await self.task
+        if snapshot:
+            try:
+                await self.snapshot()
+            except Exception:
+                log.exception("map %s: final snapshot failed (the WAL still covers it)", self.id)
+        await self.call_writer(self.wal.close)
+        self.executor.shutdown(wait=True)
+
+    # ------------------------------------------------------------------------------------- views
+    def summary(self) -> dict:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "created": self.info.get("created"),
+            "config": self.info["config"],
+            "frames_integrated": self.map.frames_integrated,
+            "version": self.map.version,
+            "last_seq": self.last_seq,
+            "queue_depth": self.queue.qsize(),
+        }
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def recover_map(mdir: MapDir, device) -> tuple[Map, dict, Snapshot | None, int, int]:
+    """Load a map from its directory: the newest snapshot, then the WAL records after it (a torn tail is
+    truncated). Returns (map, info, snapshot or None, last seq, records replayed)."""
+    from ..persistence import load_snapshot_file
+
+    info = mdir.read_info()
+    snap = mdir.latest_snapshot()
+    if snap is not None:
+        tensors, meta = load_snapshot_file(snap.path)
+        m = Map.from_state_dict(tensors, meta, device=device)
+    else:
+        m = Map(**info["config"], device=device)
+    last = snap.seq if snap is not None else 0
+    replayed = 0
+    unlimited = wire.Limits(1 << 62, 1 << 62, 1 << 62)
+    for seq, payload in mdir.replay(last):
+        try:
+            kind, args = decode_record(payload, unlimited)
+            apply_op(m, kind, args)
+        except MapperError as e:  # it was rejected when live too: the record stays a no-op
+            log.info("map %s: record %d skipped on replay (%s)", mdir.id, seq, e)
+        last = seq
+        replayed += 1
+    log.info(
+        "map %s: snapshot %s + %d WAL records (last seq %d)",
+        mdir.id,
+        snap.seq if snap else None,
+        replayed,
+        last,
+    )
+    return m, info, snap, last, replayed
+
+
+def new_map_id() -> str:
+    return "m" + secrets.token_urlsafe(9).replace("-", "x").replace("_", "y")
+
+
+class MapService:
+    """All maps of one data directory; created and closed by the app's lifespan."""
+
+    def __init__(self, settings: Settings, metrics: Metrics):
+        self.settings = settings
+        self.metrics = metrics
+        self.device = self._device(settings.device)
+        self.data = DataDir(settings.data_dir, fsync=settings.fsync)
+        self.limits = wire.Limits(
+            settings.max_points_per_frame, settings.max_image_pixels, settings.max_query_points
+        )
+        self.maps: dict[str, MapEntry] = {}
+        self.query_pool = ThreadPoolExecutor(settings.query_threads, thread_name_prefix="query")
+        self.ready = asyncio.Event()
+        self.stopping = False
+        self.failed: dict[str, str] = {}
+        self._names_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task] = []
+
+    @staticmethod
+    def _device(spec: str) -> torch.device:
+        from .._validation import resolve_device
+
+        return resolve_device(spec)
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._recover_all(), name="recover"))
+        self._tasks.append(loop.create_task(self._snapshot_loop(), name="snapshots"))
+
+    async def stop(self) -> None:
+        self.stopping = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for e in list(self.maps.values()):
+            try:
+                await e.close(snapshot=True)
+            except Exception:
+                log.exception("map %s: close failed", e.id)
+        self.maps.clear()
+        self.query_pool.shutdown(wait=True)
+
+    async def _recover_all(self) -> None:
+        ids = await asyncio.to_thread(self.data.map_ids)
+        for map_id in ids:
+            try:
+                entry = await asyncio.to_thread(self._recover, map_id)
+            except Exception as e:
+                log.exception("map %s: recovery failed; left on disk untouched", map_id)
+                self.failed[map_id] = f"{type(e).__name__}: {e}"
+                continue
+            self.maps[map_id] = entry
+            entry.start()
+            if entry.last_seq != entry.snapshot_seq:
+                await entry.snapshot()
+        self.metrics.maps.set(len(self.maps))
+        self.ready.set()
+        log.info("recovered %d maps (%d failed) from %s", len(self.maps), len(self.failed), self.data.root)
+
+    def _recover(self, map_id: str) -> MapEntry:
+        mdir = self.data.map_dir(map_id)
+        m, info, snap, last, replayed = recover_map(mdir, self.device)
+        entry = MapEntry(self, info, m, mdir, last, snap.seq if snap else 0)
+        entry.last_snapshot = snap
+        entry.snapshot_version = m.version if (snap is not None and replayed == 0) else -1
+        return entry
+
+    async def _snapshot_loop(self) -> None:
+        period = min(max(self.settings.snapshot_interval_s / 4, 0.5), 10.0)
+        while True:
+            await asyncio.sleep(period)
+            for e in list(self.maps.values()):
+                if e.closed or not e.snapshot_due():
+                    continue
+                try:
+                    await e.snapshot()
+                except Exception:
+                    log.exception("map %s: periodic snapshot failed", e.id)
+
+    # ----------------------------------------------------------------------------------------- maps
+    def check_ready(self) -> None:
+        if self.stopping:
+            raise Unavailable("the service is stopping")
+        if not self.ready.is_set():
+            raise Unavailable("the service is restoring maps; retry shortly")
+
+    def get(self, map_id: str) -> MapEntry:
+        self.check_ready()
+        e = self.maps.get(map_id)
+        if e is None or e.closed:
+            raise NotFound(f"map {map_id!r} not found")
+        return e
+
+    def list(self) -> list[MapEntry]:
+        self.check_ready()
+        return sorted(self.maps.values(), key=lambda e: e.info.get("created", ""))
+
+    async def create(self, name: str | None, config: dict) -> MapEntry:
+        self.check_ready()
+        m = await asyncio.to_thread(Map, **config, device=self.device)  # validates the config
+        return await self._register(name, m, None)
+
+    async def _register(self, name: str | None, m: Map, snapshot: tuple | None) -> MapEntry:
+        async with self._names_lock:
+            if len(self.maps) >= self.settings.max_maps:
+                raise Conflict(f"map limit reached ({self.settings.max_maps} maps; MAPPER_MAX_MAPS)")
+            map_id = new_map_id()
+            name = name or map_id
+            if any(e.name == name for e in self.maps.values()):
+                raise Conflict(f"name: a map named {name!r} exists")
+            info = {
+                "id": map_id,
+                "name": name,
+                "created": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                "config": m.config(),
+            }
+            mdir = self.data.map_dir(map_id)
+            await asyncio.to_thread(mdir.write_info, info)
+            snap = None
+            if snapshot is not None:
+                tensors, meta = snapshot
+                snap = await asyncio.to_thread(mdir.write_snapshot, 0, tensors, {**meta, "info": info})
+            entry = MapEntry(self, info, m, mdir, 0, 0)
+            entry.last_snapshot = snap
+            self.maps[map_id] = entry
+            entry.start()
+            self.metrics.maps.set(len(self.maps))
+            return entry
+
+    async def import_map(self, data: bytes, name: str | None) -> MapEntry:
+        self.check_ready()
+
+        def load():
+            tensors, meta = load_snapshot_bytes(data)
+            try:
+                m = Map.from_state_dict(tensors, meta, device=self.device)
+            except MapperError:
+                raise
+            except (KeyError, ValueError, TypeError, RuntimeError) as e:
+                raise InvalidArgument(
+                    f"snapshot: does not describe a map ({type(e).__name__}: {e})"
+                ) from None
+            return m, tensors, meta
+
+        m, tensors, meta = await asyncio.to_thread(load)
+        if name is None:
+            name = (meta.get("info") or {}).get("name")
+            if isinstance(name, str) and any(e.name == name for e in self.maps.values()):
+                name = None
+        state_meta = {k: meta[k] for k in ("config", "frames_integrated", "version") if k in meta}
+        return await self._register(name, m, (tensors, state_meta))
+
+    async def delete(self, map_id: str) -> None:
+        e = self.get(map_id)
+        e.closed = True
+        self.maps.pop(map_id, None)
+        try:
+            if e.task is not None:
+                await e.queue.put(_STOP)
+                await e.task
+            await e.call_writer(e.wal.close)
+            e.executor.shutdown(wait=True)
+        finally:
+            await asyncio.to_thread(e.dir.remove)
+            self.metrics.forget_map(map_id)
+            self.metrics.maps.set(len(self.maps))
+
+
+def finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def data_dir_free_bytes(path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def save_new_map(data: DataDir, m: Map, name: str | None = None) -> dict:
+    """Write a map built offline into a data directory (info + snapshot), as the service would store it;
+    ``mapper serve`` with that ``MAPPER_DATA_DIR`` serves it. Returns its info."""
+    map_id = new_map_id()
+    info = {
+        "id": map_id,
+        "name": name or map_id,
+        "created": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        "config": m.config(),
+    }
+    mdir = data.map_dir(map_id)
+    mdir.write_info(info)
+    tensors, meta = m.state_dict()
+    mdir.write_snapshot(0, tensors, {**meta, "info": info})
+    return info
+
+
+def find_map_dir(data: DataDir, id_or_name: str) -> MapDir:
+    """The directory of a map by id or name (raises ``NotFound``)."""
+    import json
+
+    for map_id in data.map_ids():
+        mdir = data.map_dir(map_id)
+        if map_id == id_or_name:
+            return mdir
+        try:
+            if json.loads((mdir.root / "info.json").read_text()).get("name") == id_or_name:
+                return mdir
+        except (OSError, ValueError):
+            continue
+    raise NotFound(f"map {id_or_name!r} not found in {data.root}")

@@ -1,0 +1,96 @@
+"""Service settings: environment variables with the ``MAPPER_`` prefix (pydantic-settings).
+
+``MAPPER_HOST``, ``MAPPER_PORT``, ``MAPPER_DATA_DIR``, ``MAPPER_DEVICE`` (``auto`` = CUDA when available),
+``MAPPER_API_TOKENS`` (comma-separated bearer tokens with full access), ``MAPPER_READ_TOKENS`` (read-only
+tokens), limits (``MAPPER_MAX_BODY_BYTES``, ...), ``MAPPER_SNAPSHOT_INTERVAL_S`` and the default map
+parameters. ``mapper serve`` reads them; its flags override them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from .errors import InvalidArgument
+
+MiB = 1 << 20
+
+
+def _split_tokens(value) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = value.split(",")
+    return [str(t).strip() for t in value if str(t).strip()]
+
+
+class Settings(BaseSettings):
+    """Everything the service reads from its environment."""
+
+    model_config = SettingsConfigDict(env_prefix="MAPPER_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    data_dir: Path = Path("mapper-data")
+    device: str = "auto"
+    api_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    read_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    log_level: str = "info"
+
+    # limits
+    max_body_bytes: int = Field(64 * MiB, gt=0)
+    max_import_bytes: int = Field(2048 * MiB, gt=0)
+    max_points_per_frame: int = Field(2_000_000, gt=0)
+    max_image_pixels: int = Field(4_000_000, gt=0)
+    max_query_points: int = Field(1_000_000, gt=0)
+    max_slice_cells: int = Field(16_000_000, gt=0)
+    max_box_voxels: int = Field(8_000_000, gt=0)
+    max_maps: int = Field(64, gt=0)
+    queue_depth: int = Field(64, gt=0)
+    max_batch: int = Field(16, gt=0)
+    ws_max_in_flight: int = Field(256, gt=0)
+
+    # durability
+    fsync: bool = True
+    snapshot_interval_s: float = Field(300.0, ge=0)  # 0 = only on request and at shutdown
+    snapshot_wal_bytes: int = Field(1024 * MiB, gt=0)  # also snapshot once the log grows past this
+    snapshots_kept: int = Field(2, ge=1)
+
+    # behaviour
+    esdf_update: Literal["eager", "lazy"] = "eager"  # eager: before each ack; lazy: on the next query
+    query_threads: int = Field(4, gt=0)
+
+    # defaults of POST /v1/maps
+    default_voxel_size_m: float = Field(0.1, gt=0)
+    default_layers: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["tsdf", "esdf"])
+    default_max_range_m: float = Field(100.0, gt=0)
+
+    @field_validator("api_tokens", "read_tokens", "default_layers", mode="before")
+    @classmethod
+    def _comma_list(cls, value):
+        return _split_tokens(value)
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_tokens or self.read_tokens)
+
+    def check_bind(self) -> None:
+        """Refuse to serve a non-loopback address without a token (raises ``InvalidArgument``)."""
+        if self.auth_enabled or is_loopback(self.host):
+            return
+        raise InvalidArgument(
+            f"host: refusing to bind {self.host!r} (not loopback) with no MAPPER_API_TOKENS configured"
+        )
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
