@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..layers import BrickLayer, FieldSpec, brick_offsets
-from .common import chunked_rays, dda, in_key_range, keys_to_ijk, max_dda_steps, unique_voxels, voxel_keys
+from .common import dda, in_key_range, keys_to_ijk, max_dda_steps, unique_voxels, voxel_keys
 from .tsdf import _slots_of
 
 
@@ -37,13 +37,21 @@ def ray_voxels(origin: torch.Tensor, dirs: torch.Tensor, length: torch.Tensor, h
     if dirs.shape[0] == 0:
         z = torch.zeros((0, 3), dtype=torch.int64, device=dirs.device)
         return z, torch.zeros(0, dtype=torch.bool, device=dirs.device)
-    # rays are processed in groups of similar length so the step loop stops early for short rays
+    # rays sorted by length, in chunks whose (rays x steps) stays under a budget: short rays take few
+    # steps, and the traversal buffers stay bounded on every device (a 60 m ray at 5 cm is 3600 steps)
     order = torch.argsort(length)
+    lengths = length[order].tolist() if dirs.device.type == "cpu" else length[order].cpu().tolist()
     n = dirs.shape[0]
-    for sl in chunked_rays(n, dirs.device, rows=1 << 13):
-        idx = order[sl]
+    budget = (1 << 20) if dirs.device.type == "cpu" else (1 << 25)
+    start = 0
+    while start < n:
+        rows = max(1, min(n - start, budget // max_dda_steps(lengths[min(n, start + 1024) - 1], s)))
+        while rows > 1 and rows * max_dda_steps(lengths[start + rows - 1], s) > budget:
+            rows //= 2
+        idx = order[start : start + rows]
+        start += rows
         L = length[idx]
-        steps = max_dda_steps(float(L.max()), s)
+        steps = max_dda_steps(lengths[start - 1], s)
         o = origin.expand(idx.numel(), 3)
         cells, tent, valid = dda(o, dirs[idx], torch.zeros_like(L), L, s, steps)
         # the return's cell: the cell containing the end point
