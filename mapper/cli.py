@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .datasets import default_data_dir
 from .errors import MapperError
 
 FORMATS = ("kitti", "replica", "3dmatch", "7scenes", "norlab")
@@ -359,15 +360,6 @@ def _export_local(args) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- demo
-def default_data_dir() -> Path:
-    here = Path(__file__).resolve()
-    for base in (Path.cwd(), *here.parents):
-        cand = base.parent / "shared" / "data"
-        if cand.is_dir():
-            return cand
-    return Path("../shared/data")
-
-
 def cmd_demo(args) -> int:
     """Serve on loopback, replay ../shared/data through the client, show /metrics; keep serving."""
     from .client import MapperClient

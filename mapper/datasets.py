@@ -14,6 +14,16 @@ import numpy as np
 from .errors import InvalidArgument
 
 
+def default_data_dir() -> Path:
+    """``../shared/data`` next to the checkout (or the working directory), where the sample frames live."""
+    here = Path(__file__).resolve()
+    for base in (Path.cwd(), *here.parents):
+        cand = base.parent / "shared" / "data"
+        if cand.is_dir():
+            return cand
+    return Path("../shared/data")
+
+
 def read_vtk_points(path: str | Path) -> dict[str, np.ndarray]:
     """Legacy ASCII VTK POLYDATA (libpointmatcher): ``{"points": float32 [N, 3], <scalar field>: [N]}``."""
     text = Path(path).read_text().split()

@@ -13,16 +13,7 @@ import numpy as np
 import torch
 
 from . import IndexGrid
-from .datasets import NorlabLidar
-
-
-def default_data_dir() -> Path:
-    here = Path(__file__).resolve()
-    for base in (Path.cwd(), *here.parents):
-        cand = base.parent / "shared" / "data"
-        if cand.is_dir():
-            return cand
-    return Path("../shared/data")
+from .datasets import NorlabLidar, default_data_dir
 
 
 def main(argv=None) -> None:

@@ -42,6 +42,19 @@ def brick_offsets(ijk: torch.Tensor) -> torch.Tensor:
     return ((ijk[:, 0] & 3) << 4) | ((ijk[:, 1] & 3) << 2) | (ijk[:, 2] & 3)
 
 
+_LOCAL: dict[torch.device, torch.Tensor] = {}
+
+
+def brick_local_coords(device: torch.device) -> torch.Tensor:
+    """int64 ``[64, 3]``: voxel coordinates inside a brick, in offset order ``i << 4 | j << 2 | k``."""
+    t = _LOCAL.get(device)
+    if t is None:
+        o = torch.arange(64)
+        t = torch.stack((o >> 4, (o >> 2) & 3, o & 3), dim=1).to(device)
+        _LOCAL[device] = t
+    return t
+
+
 def brick_in_leaf(ijk: torch.Tensor) -> torch.Tensor:
     """Brick index inside its leaf (0..7) of int64 ``[M, 3]`` voxel (or ``brick << 2``) coordinates."""
     return (((ijk[:, 0] >> 2) & 1) << 2) | (((ijk[:, 1] >> 2) & 1) << 1) | ((ijk[:, 2] >> 2) & 1)

@@ -178,16 +178,7 @@ class Map:
             if self._occ is not None:
                 d = world - origin
                 rng = torch.linalg.vector_norm(d, dim=1)
-                occ.integrate_rays(
-                    self._occ,
-                    origin,
-                    d / rng[:, None],
-                    rng,
-                    torch.ones_like(rng, dtype=torch.bool),
-                    self.occupancy_config,
-                    self._timer,
-                )
-                touched.append(self._last_bricks(self._occ))
+                touched.append(self._carve(origin, d / rng[:, None], rng))
         self._end(touched)
         return {"points_used": used, "points_dropped": int(ok.numel() - used)}
 
@@ -219,19 +210,16 @@ class Map:
                 )
                 touched.append(self._last_bricks(self._tsdf))
             if self._occ is not None:
-                idx, origin, dirs, rng = tsdf.pixel_rays(depth, Kt, T, self.max_range_m)
-                occ.integrate_rays(
-                    self._occ,
-                    origin,
-                    dirs,
-                    rng,
-                    torch.ones_like(rng, dtype=torch.bool),
-                    self.occupancy_config,
-                    self._timer,
-                )
-                touched.append(self._last_bricks(self._occ))
+                _, origin, dirs, rng = tsdf.pixel_rays(depth, Kt, T, self.max_range_m)
+                touched.append(self._carve(origin, dirs, rng))
         self._end(touched)
         return {"points_used": used, "points_dropped": int(d.numel() - used)}
+
+    def _carve(self, origin: torch.Tensor, dirs: torch.Tensor, rng: torch.Tensor) -> torch.Tensor:
+        """Occupancy update for rays that all end in a return; the bricks it touched."""
+        hit = torch.ones_like(rng, dtype=torch.bool)
+        occ.integrate_rays(self._occ, origin, dirs, rng, hit, self.occupancy_config, self._timer)
+        return self._last_bricks(self._occ)
 
     def _last_bricks(self, layer: BrickLayer) -> torch.Tensor:
         """Bricks touched by the last allocate (recorded by the layer)."""

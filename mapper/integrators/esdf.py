@@ -51,29 +51,17 @@ import torch
 
 from ..errors import InvalidArgument, InvalidArgumentType
 from ..grid import IndexGrid
-from ..layers import BrickLayer, FieldSpec, brick_in_leaf, brick_offsets
+from ..layers import BrickLayer, FieldSpec, brick_in_leaf, brick_local_coords, brick_offsets
 from .common import keys_to_ijk, voxel_keys
 
 CPU_ROWS = 1 << 17  # slots per chunk of a pass on the CPU (int32: 512 KB per array)
 CPU_BRICKS = 1 << 11  # bricks per chunk for site extraction and distances on the CPU
 _INT32_MAX = (1 << 31) - 1
 
-_LOCAL: dict[torch.device, torch.Tensor] = {}
-
 
 def esdf_fields(max_distance_m: float) -> dict[str, FieldSpec]:
     """Per-voxel storage: float32 signed distance (metres) and a bool observed flag (5 B/voxel)."""
     return {"esdf": FieldSpec(torch.float32, (), max_distance_m), "observed": FieldSpec(torch.bool, (), 0)}
-
-
-def _brick_local(device: torch.device) -> torch.Tensor:
-    """int64 ``[64, 3]``: voxel coordinates inside a brick, in offset order ``i << 4 | j << 2 | k``."""
-    t = _LOCAL.get(device)
-    if t is None:
-        o = torch.arange(64)
-        t = torch.stack((o >> 4, (o >> 2) & 3, o & 3), dim=1).to(device)
-        _LOCAL[device] = t
-    return t
 
 
 def _chunks(n: int, device: torch.device, rows: int):
@@ -158,7 +146,7 @@ def tsdf_sites(layer: BrickLayer, bricks: torch.Tensor, rows: int = CPU_BRICKS):
         ``(+i, -i, +j, -j, +k, -k)`` in voxels, in ``[0, 0.5]`` (NaN: no crossing on that edge).
     """
     dev = bricks.device
-    local = _brick_local(dev)
+    local = brick_local_coords(dev)
     none = torch.zeros((0, 3), dtype=torch.int64, device=dev), torch.zeros((0, 6), device=dev)
     if bricks.shape[0] == 0 or layer.grid.num_leaves == 0:
         return none
@@ -212,7 +200,7 @@ def occupancy_sites(layer: BrickLayer, bricks: torch.Tensor, rows: int = CPU_BRI
     """Occupied voxels (``log_odds > 0``) of an occupancy layer inside the given bricks, as site voxels
     whose only point is the centre: (int64 ``[S, 3]``, float32 ``[S, 6]``: 0 in the ``+k`` slot, NaN)."""
     dev = bricks.device
-    local = _brick_local(dev)
+    local = brick_local_coords(dev)
     out = []
     for sl in _chunks(bricks.shape[0], dev, rows):
         b = bricks[sl]
@@ -269,7 +257,7 @@ def _line_layout(bricks: torch.Tensor, axis: int, pad: int, rows: int):
     base = torch.cumsum(size, 0) - size
     total = int(base[-1] + size[-1])
     dtype = torch.int32 if total < _INT32_MAX and nb * 64 < _INT32_MAX else torch.int64
-    local = _brick_local(dev).to(dtype)
+    local = brick_local_coords(dev).to(dtype)
     sub = local[:, u] * 4 + local[:, v]
     t = torch.arange(nb, device=dev) - first[run]
     start = (base[run] + 4 * t).to(dtype)

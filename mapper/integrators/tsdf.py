@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..layers import BrickLayer, FieldSpec, brick_offsets
+from ..layers import BrickLayer, FieldSpec, brick_local_coords, brick_offsets
 from .common import (
     chunked_rays,
     dda,
@@ -195,24 +195,11 @@ def integrate_depth(
         return _project_update(layer, bricks, slots, depth, K, T, color, cfg, max_range_m)
 
 
-_LOCAL: dict[torch.device, torch.Tensor] = {}
-
-
-def _brick_local(device: torch.device) -> torch.Tensor:
-    """int64 ``[64, 3]`` voxel coordinates inside a brick, in brick-offset order."""
-    t = _LOCAL.get(device)
-    if t is None:
-        o = torch.arange(64)
-        t = torch.stack((o >> 4, (o >> 2) & 3, o & 3), dim=1).to(device)
-        _LOCAL[device] = t
-    return t
-
-
 def _project_update(layer, bricks, slots, depth, K, T, color, cfg, max_range_m) -> int:
     h, w = depth.shape
     s, tau = cfg.voxel_size_m, cfg.tau
     R, t = T[:3, :3], T[:3, 3]
-    local = _brick_local(depth.device)
+    local = brick_local_coords(depth.device)
     updated = 0
     for sl in chunked_rays(bricks.shape[0], depth.device, rows=1 << 12):
         vox = (bricks[sl] * 4)[:, None, :] + local[None]  # [B, 64, 3]
