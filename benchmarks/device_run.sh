@@ -19,6 +19,18 @@ for step in "$@"; do
     integrators)
       timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_integrators.py --device cuda ${BENCH_ARGS:-} \
         --out "$OUT/integrators.md" 2>&1 | tee "$OUT/integrators.log" | tail -25 ;;
+    outputs)
+      timeout 300 python3 benchmarks/bench_outputs.py --device cuda --mesh-sizes 1e6 1e7 1e8 \
+        --out "$OUT/outputs.md" 2>&1 | tee "$OUT/outputs.log" | tail -15 ;;
+    fps)
+      timeout 300 python3 benchmarks/bench_fps.py --device cuda --sizes 65536:4096 1048576:16384 \
+        --out "$OUT/fps.md" 2>&1 | tee "$OUT/fps.log" | tail -12 ;;
+    voxelize)
+      timeout 200 python3 benchmarks/bench_voxelize.py --device cuda --sizes 25e3 50e3 130e3 250e3 500e3 1e6 \
+        --out "$OUT/voxelize.md" 2>&1 | tee "$OUT/voxelize.log" | tail -12 ;;
+    service)
+      timeout 400 python3 benchmarks/bench_service.py --device cuda --out "$OUT/service.md" 2>&1 \
+        | tee "$OUT/service.log" | tail -12 ;;
     probe)
       timeout 120 python3 benchmarks/device_probe.py 2>&1 | tee "$OUT/probe.log" ;;
     topology-small)
