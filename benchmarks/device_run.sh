@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run on the GPU machine through the `device` tool (repo root as cwd, $OUT collected):
 #   bash benchmarks/device_run.sh <step>...
-# steps: gputests (pytest -m gpu + triton cases on CUDA), topology (bench_topology on the GPU).
+# steps: gputests, profile, profint, integrators, outputs, fps, voxelize, service, registration, probe,
+# topology-small, topology (see the case list below).
 # Each step writes its log to $OUT/<step>.log and its report to $OUT/<step>.md; a failing step does not
 # stop the next one.
 set -u
@@ -29,8 +30,14 @@ for step in "$@"; do
       timeout 200 python3 benchmarks/bench_voxelize.py --device cuda --sizes 25e3 50e3 130e3 250e3 500e3 1e6 \
         --out "$OUT/voxelize.md" 2>&1 | tee "$OUT/voxelize.log" | tail -12 ;;
     service)
-      timeout 400 python3 benchmarks/bench_service.py --device cuda --out "$OUT/service.md" 2>&1 \
+      timeout 400 python3 benchmarks/bench_service.py --device cuda ${SERVICE_ARGS:-} --out "$OUT/service.md" 2>&1 \
         | tee "$OUT/service.log" | tail -12 ;;
+    profint)
+      timeout 240 python3 benchmarks/profile_integrators.py ${PROF_ARGS:-} 2>&1 | tee "$OUT/profint.log" \
+        | grep -E "===|per frame|generated|Self CUDA time total|triton|_kernel|aten::" | head -120 ;;
+    registration)
+      timeout 300 python3 benchmarks/bench_registration.py --device cuda ${REG_ARGS:-} --out "$OUT/registration.md" \
+        2>&1 | tee "$OUT/registration.log" | tail -15 ;;
     probe)
       timeout 120 python3 benchmarks/device_probe.py 2>&1 | tee "$OUT/probe.log" ;;
     topology-small)
