@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-_INF = float("inf")
+_INF = tl.constexpr(float("inf"))
 
 
 @triton.jit
