@@ -2,6 +2,9 @@
 
 * Without CUDA, Triton kernels run on CPU tensors through the interpreter: ``TRITON_INTERPRET=1`` must be
   set before ``triton.jit`` decorates anything, hence here, at import time.
+* ``MAPPER_TRITON_SM90=1`` (no CUDA): instead of the plain interpreter, every Triton launch is compiled for
+  sm_90 first and then interpreted (``tests/triton_sm90.py``), so CI catches kernels that only the
+  interpreter accepts. ``tests/test_triton_sm90.py`` runs the Triton tests that way in a subprocess.
 * ``backend`` runs a test with the torch reference and with the Triton kernels (``MAPPER_KERNELS``).
 * ``device`` runs a test on the CPU and, where CUDA exists, on the GPU (those cases carry the ``gpu`` mark).
 """
@@ -15,12 +18,26 @@ import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
+SM90_CHECK = not HAS_CUDA and os.environ.get("MAPPER_TRITON_SM90") == "1"
+if SM90_CHECK:
+    os.environ.pop("TRITON_INTERPRET", None)
+    from triton_sm90 import install as _install_sm90
+
+    _install_sm90()
+elif not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 SHARED_DATA = Path(
     os.environ.get("MAPPER_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
 )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    report = os.environ.get("MAPPER_TRITON_SM90_REPORT")
+    if SM90_CHECK and report:
+        from triton_sm90 import compiled
+
+        Path(report).write_text("\n".join(sorted(set(compiled))))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -40,7 +57,7 @@ def _triton_ok() -> bool:
 def backend(request, monkeypatch):
     if request.param == "triton" and not _triton_ok():
         pytest.skip("triton not installed")
-    if request.param == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+    if request.param == "triton" and not (os.environ.get("TRITON_INTERPRET") == "1" or SM90_CHECK):
         dev = request.getfixturevalue("device") if "device" in request.fixturenames else torch.device("cpu")
         if dev.type != "cuda":
             pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1 (set when there is no CUDA)")

@@ -2,7 +2,8 @@
 
 ``MAPPER_KERNELS`` (read at call time): ``auto`` (default: Triton for CUDA tensors when Triton imports),
 ``torch`` (always the reference), ``triton`` (Triton wherever it can run: CUDA tensors, and CPU tensors
-under ``TRITON_INTERPRET=1``, which is how CI runs the kernels; other CPU tensors use the reference).
+under ``TRITON_INTERPRET=1``, which is how CI runs the kernels, or under the tests' sm_90 compile check
+``MAPPER_TRITON_SM90=1``; other CPU tensors use the reference).
 """
 
 from __future__ import annotations
@@ -36,5 +37,6 @@ def use_triton(device: torch.device) -> bool:
     if mode == "triton":
         if not triton_available():
             raise RuntimeError("MAPPER_KERNELS=triton but triton does not import")
-        return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+        cpu_ok = os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MAPPER_TRITON_SM90") == "1"
+        return device.type == "cuda" or cpu_ok
     return device.type == "cuda" and triton_available()
