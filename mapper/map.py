@@ -22,6 +22,7 @@ from .integrators import tsdf
 from .integrators.common import check_color, check_depth, check_intrinsics, check_points, check_pose
 from .layers import BrickLayer, brick_offsets
 from .mesh import Mesh, extract_mesh, mesh_since
+from .registration import Odometry, OdometryConfig
 
 LAYERS = ("tsdf", "color", "occupancy", "esdf")
 
@@ -91,6 +92,8 @@ class Map:
         max_range_m: returns beyond this range are dropped before anything is allocated.
         tsdf_max_weight, tsdf_obs_weight: weight cap and per-observation weight of the running average.
         occupancy: optional dict of ``OccupancyConfig`` fields (``l_hit``, ``l_miss``, ``clamp_min``, ...).
+        registration: optional dict of ``mapper.registration.OdometryConfig`` fields for LiDAR frames
+            without a pose (``max_range_m`` defaults to the map's; voxel ``max_range_m / 100``).
     """
 
     def __init__(
@@ -104,6 +107,7 @@ class Map:
         tsdf_max_weight: float = 100.0,
         tsdf_obs_weight: float = 1.0,
         occupancy: dict | None = None,
+        registration: dict | None = None,
     ):
         self.voxel_size_m = _positive("voxel_size_m", voxel_size_m)
         if isinstance(layers, str):
@@ -133,6 +137,18 @@ class Map:
             raise InvalidArgument(f"occupancy: {e}") from None
         self._tsdf = BrickLayer(tsdf.tsdf_fields(self.tsdf_config), self.device) if "tsdf" in layers else None
         self._occ = BrickLayer(occ.occupancy_fields(), self.device) if "occupancy" in layers else None
+        if registration is not None and not isinstance(registration, dict):
+            raise InvalidArgumentType(f"registration: expected a dict, got {type(registration).__name__}")
+        self._registration = dict(registration or {})
+        try:
+            cfg = {"max_range_m": self.max_range_m, **self._registration}
+            self.registration_config = OdometryConfig(**cfg)
+        except (TypeError, InvalidArgument) as e:
+            raise InvalidArgument(f"registration: {e}") from None
+        # LiDAR tracking (frames without a pose): off until the first such frame; until then only the last
+        # posed frame is kept (points, pose, previous pose) to seed it, so that posed maps pay nothing
+        self._odometry: Odometry | None = None
+        self._last_posed: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         self._esdf = None
         if "esdf" in layers:
             from .integrators.esdf import EsdfIntegrator
@@ -153,21 +169,34 @@ class Map:
         if self._esdf is not None:
             self._dirty_bricks.extend(t for t in touched if t.numel())
 
-    def integrate_lidar(self, points_sensor, T_world_sensor) -> dict:
-        """Fuse one LiDAR scan.
+    def integrate_lidar(
+        self, points_sensor, T_world_sensor=None, *, estimated: bool = False, track: bool = True
+    ) -> dict:
+        """Fuse one LiDAR scan; without a pose, register it first (scan-to-map ICP, see :meth:`track_lidar`).
 
         Args:
             points_sensor: ``[N, 3]`` (or ``[N, 4]`` with intensity) float returns in the sensor frame.
-            T_world_sensor: ``[4, 4]`` sensor-to-world transform; the sensor origin is its translation.
-        Returns: ``{"points_used", "points_dropped"}``.
+            T_world_sensor: ``[4, 4]`` sensor-to-world transform (the sensor origin is its translation), or
+                None: the map estimates it against its local registration map.
+            estimated, track: passed to :meth:`track_lidar` (``track=False`` skips it: the caller already
+                tracked this scan, as the service does before logging it; it then needs the pose).
+        Returns: ``{"points_used", "points_dropped", "T_world_sensor"}`` with the pose used as a float64
+            ``[4, 4]`` CPU tensor, plus ``"registration"`` (ICP statistics: ``iterations``, ``converged``,
+            ``fitness``, ``rmse_m``, ...) when the pose was estimated here.
         """
-        T = check_pose("T_world_sensor", T_world_sensor, self.device)
         pts = check_points("points_sensor", points_sensor, self.device)
+        self._begin()
+        info = None
+        if track:
+            with self._timer("registration"):
+                T_world_sensor, info = self.track_lidar(pts, T_world_sensor, estimated=estimated)
+        elif T_world_sensor is None:
+            raise InvalidArgument("T_world_sensor: required when track=False")
+        T = check_pose("T_world_sensor", T_world_sensor, self.device)
         r = torch.linalg.vector_norm(pts, dim=1)
         ok = torch.isfinite(pts).all(dim=1) & (r > 1e-6) & (r <= self.max_range_m)
         pts = pts[ok].to(torch.float64)
         used = int(pts.shape[0])
-        self._begin()
         touched = []
         if used:
             world = pts @ T[:3, :3].T + T[:3, 3]
@@ -180,7 +209,46 @@ class Map:
                 rng = torch.linalg.vector_norm(d, dim=1)
                 touched.append(self._carve(origin, d / rng[:, None], rng))
         self._end(touched)
-        return {"points_used": used, "points_dropped": int(ok.numel() - used)}
+        out = {"points_used": used, "points_dropped": int(ok.numel() - used), "T_world_sensor": T.cpu()}
+        if info is not None:
+            out["registration"] = info
+        return out
+
+    def track_lidar(self, points_sensor, T_world_sensor=None, *, estimated: bool = False):
+        """The LiDAR tracking step of :meth:`integrate_lidar` alone (no layer changes).
+
+        Without a pose, the scan is registered (KISS-ICP-style robust point-to-plane ICP, see
+        ``mapper.registration.Odometry``) against a local voxel point map kept on the map's device, from a
+        constant-velocity prediction; the first pose-less scan of a map that has seen no posed LiDAR scan
+        gets the identity (it defines the world frame), else tracking starts from the last posed scan.
+        Once tracking runs, posed scans feed it too (mixed streams); before that only the last posed scan
+        is kept. ``estimated=True``: ``T_world_sensor`` is a pose this map estimated for this scan before
+        (replaying a log), and the tracking state changes exactly as it did then.
+
+        Returns: ``(T_world_sensor float64 [4, 4] on the map's device, ICP info dict or None)``.
+        """
+        pts = check_points("points_sensor", points_sensor, self.device)
+        T = None if T_world_sensor is None else check_pose("T_world_sensor", T_world_sensor, self.device)
+        if T is None or estimated:
+            self._start_tracking()
+        odo = self._odometry
+        if odo is None:  # tracking is off: remember the last posed scan to seed it
+            prev = None if self._last_posed is None else self._last_posed[1]
+            self._last_posed = (pts.clone(), T, prev)
+            return T, None
+        pose = odo.register_frame(pts, pose=T, estimated=estimated)
+        return pose, (dict(odo.last_info) if T is None else None)
+
+    def _start_tracking(self) -> None:
+        if self._odometry is not None:
+            return
+        odo = Odometry(self.registration_config, device=self.device)
+        if self._last_posed is not None:
+            pts, T, prev = self._last_posed
+            if prev is not None:  # the motion model starts from the last two posed scans
+                odo.pose, odo.frames = prev, 1
+            odo.register_frame(pts, pose=T)
+        self._odometry, self._last_posed = odo, None
 
     def integrate_depth(self, depth_m, K, T_world_sensor, color=None) -> dict:
         """Fuse one depth image.
@@ -369,6 +437,7 @@ class Map:
             "occupancy": {
                 k: getattr(self.occupancy_config, k) for k in ("l_hit", "l_miss", "clamp_min", "clamp_max")
             },
+            "registration": dict(self._registration),
         }
 
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
@@ -378,7 +447,16 @@ class Map:
         for name, layer in self._brick_layers():
             tensors.update(layer.state_tensors(name))
         meta = {"config": self.config(), "frames_integrated": self.frames_integrated, "version": self.version}
-        return tensors, meta
+        # LiDAR tracking: the odometry (local map, poses, threshold) or the last posed scan that seeds it
+        if self._odometry is not None:
+            odo_tensors, meta["tracking"] = self._odometry.state_dict("tracking.")
+            tensors.update(odo_tensors)
+        elif self._last_posed is not None:
+            pts, T, prev = self._last_posed
+            tensors.update({"tracking.last_points": pts, "tracking.last_pose": T})
+            if prev is not None:
+                tensors["tracking.prev_pose"] = prev
+        return {k: t.detach().cpu() for k, t in tensors.items()}, meta
 
     @classmethod
     def from_state_dict(cls, tensors: dict[str, torch.Tensor], meta: dict, device=None) -> Map:
@@ -390,6 +468,15 @@ class Map:
                 m._dirty_bricks.append(layer.brick_table()[0])
         m.frames_integrated = int(meta.get("frames_integrated", 0))
         m.version = int(meta.get("version", 0))
+        if "tracking" in meta:
+            m._odometry = Odometry.from_state_dict(tensors, meta["tracking"], "tracking.", m.device)
+        elif "tracking.last_points" in tensors:
+            prev = tensors.get("tracking.prev_pose")
+            m._last_posed = (
+                tensors["tracking.last_points"].to(m.device, torch.float32),
+                tensors["tracking.last_pose"].to(m.device, torch.float64),
+                None if prev is None else prev.to(m.device, torch.float64),
+            )
         return m
 
     # -------------------------------------------------------------------------------------- queries

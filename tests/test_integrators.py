@@ -237,7 +237,8 @@ def test_nonfinite_and_far_returns_are_dropped_before_allocation(device):
     T = np.eye(4)
     pts = np.array([[np.nan, 0, 0], [np.inf, 1, 1], [1e7, 0, 0], [0, 0, 0], [2.0, 0.0, 0.0]], np.float32)
     r = m.integrate_lidar(pts, T)
-    assert r == {"points_used": 1, "points_dropped": 4}
+    assert (r["points_used"], r["points_dropped"]) == (1, 4)
+    assert torch.equal(r["T_world_sensor"], torch.eye(4, dtype=torch.float64))  # the pose used
     st = m.stats()["layers"]
     assert st["tsdf"]["bricks"] < 20 and st["occupancy"]["bricks"] < 40
     depth = np.zeros((8, 8), np.float32)
