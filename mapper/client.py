@@ -5,6 +5,7 @@
     with MapperClient("http://127.0.0.1:8000", token="...") as c:
         m = c.create_map(name="lab", voxel_size_m=0.1, layers=["tsdf", "esdf"])
         ack = c.send_lidar(m["id"], points_sensor, T_world_sensor)          # one frame over HTTP
+        ack = c.send_lidar(m["id"], points_sensor)      # no pose: the map registers it; ack_pose(ack) = 4x4
         with c.stream(m["id"]) as s:                                         # many, over WebSocket
             for pts, T in scans:
                 s.send_lidar(pts, T)
@@ -54,6 +55,12 @@ def decode_arrays(obj):
     if isinstance(obj, list):
         return [decode_arrays(v) for v in obj]
     return obj
+
+
+def ack_pose(ack: dict) -> np.ndarray | None:
+    """The pose a LiDAR frame's ack reports (the one sent, or the map's estimate) as float64 ``[4, 4]``."""
+    T = ack.get("T_world_sensor")
+    return None if T is None else np.asarray(T, dtype=np.float64).reshape(4, 4)
 
 
 def _raise_for(resp: httpx.Response) -> None:
@@ -130,7 +137,8 @@ class MapperClient:
         self, name: str | None = None, voxel_size_m: float | None = None, layers=None, **params
     ) -> dict:
         """Create a map; ``params``: truncation_vox, esdf_max_distance_m, max_range_m, tsdf_max_weight,
-        tsdf_obs_weight, occupancy (dict). Returns its summary (``["id"]``)."""
+        tsdf_obs_weight, occupancy (dict), registration (dict, for frames without a pose). Returns its
+        summary (``["id"]``)."""
         body = {
             "name": name,
             "voxel_size_m": voxel_size_m,
@@ -199,8 +207,12 @@ class MapperClient:
         """POST one wire frame (see :mod:`mapper.wire`); returns the ack. Retries while the queue is full."""
         return self._msgpack("POST", f"/v1/maps/{map_id}/frames", message)
 
-    def send_lidar(self, map_id: str, points_sensor, T_world_sensor, timestamp=None, frame_id=None) -> dict:
-        """``points_sensor`` float ``[N, 3|4]`` in the sensor frame, ``T_world_sensor`` ``[4, 4]``."""
+    def send_lidar(
+        self, map_id: str, points_sensor, T_world_sensor=None, timestamp=None, frame_id=None
+    ) -> dict:
+        """``points_sensor`` float ``[N, 3|4]`` in the sensor frame, ``T_world_sensor`` ``[4, 4]`` or None
+        (the map registers the scan). The ack's ``"T_world_sensor"`` is the pose used (16 numbers,
+        row-major; :func:`ack_pose` makes it 4x4), ``"registration"`` the ICP statistics of an estimate."""
         return self.send_frame(map_id, wire.lidar_message(points_sensor, T_world_sensor, timestamp, frame_id))
 
     def send_depth(
@@ -336,7 +348,8 @@ class FrameStream:
         self._new.clear()
         return out
 
-    def send_lidar(self, points_sensor, T_world_sensor, timestamp=None, frame_id=None) -> list[dict]:
+    def send_lidar(self, points_sensor, T_world_sensor=None, timestamp=None, frame_id=None) -> list[dict]:
+        """As :meth:`MapperClient.send_lidar` (None: the map registers the scan)."""
         return self.send(wire.lidar_message(points_sensor, T_world_sensor, timestamp, frame_id))
 
     def send_depth(

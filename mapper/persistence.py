@@ -9,10 +9,12 @@ Layout of one map under the data directory::
 
 A WAL record is ``MAGIC | length u32 | seq u64 | crc32 u32 | payload`` (little-endian; the CRC covers seq
 and payload); the payload is a msgpack operation (``{"op": "frame", "frame": <wire frame>}``, ``clear``,
-``decay``, ``clear_outside``). A torn last record (a crash mid-append) fails the length or CRC check and is
-truncated on recovery. Snapshots are written to a temporary name, fsync'd, renamed, then committed by the
-JSON file (also temp + fsync + rename + directory fsync): a crash at any point leaves the previous
-snapshot and the log that covers it intact.
+``decay``, ``clear_outside``). A LiDAR frame sent without a pose is logged with the pose the map estimated
+for it and ``"pose_estimated": true`` (the writer registers it before logging), so replay integrates it at
+that pose and restores the tracking state exactly, without registering again. A torn last record (a crash
+mid-append) fails the length or CRC check and is truncated on recovery. Snapshots are written to a
+temporary name, fsync'd, renamed, then committed by the JSON file (also temp + fsync + rename + directory
+fsync): a crash at any point leaves the previous snapshot and the log that covers it intact.
 """
 
 from __future__ import annotations

@@ -4,9 +4,12 @@ An array is ``{"dtype": "float32"|"float64"|"uint16"|"uint8"|"int32", "shape": [
 (little-endian, C order); where JSON is accepted, nested lists stand in for it.
 
 A LiDAR frame: ``{"kind": "lidar", "points": <array [N, 3|4]>, "T_world_sensor": <array [4, 4] or 16
-row-major numbers>, "timestamp": float, "frame_id": str?}``. A depth frame: ``{"kind": "depth", "depth":
-<array [H, W] float32 metres, or uint16 with "depth_scale" units per metre>, "K": [fx, fy, cx, cy] (or
-3x3), "T_world_sensor": ..., "color": <array [H, W, 3] uint8>?, "timestamp": float}``.
+row-major numbers>?, "timestamp": float, "frame_id": str?}``; without ``T_world_sensor`` (or with null) the
+map estimates the pose by registering the scan (``Map.integrate_lidar``) and the ack carries the pose it used
+(``"T_world_sensor"``: 16 row-major numbers, and ``"registration"``: the ICP statistics). A depth frame:
+``{"kind": "depth", "depth": <array [H, W] float32 metres, or uint16 with "depth_scale" units per metre>,
+"K": [fx, fy, cx, cy] (or 3x3), "T_world_sensor": ..., "color": <array [H, W, 3] uint8>?, "timestamp":
+float}``.
 
 Non-finite values: NaN points / depths mean "no return" and are dropped (counted in ``points_dropped``);
 ±Inf anywhere, a frame with no finite point, and non-finite poses or query points are rejected.
@@ -213,10 +216,13 @@ def check_points(obj, name: str, max_points: int, allow_nan: bool) -> np.ndarray
 @dataclass
 class LidarFrame:
     points: np.ndarray  # float32/64 [N, 3|4], sensor frame
-    T_world_sensor: np.ndarray  # float64 [4, 4]
+    T_world_sensor: np.ndarray | None  # float64 [4, 4]; None: the map registers the scan
     timestamp: float | None = None
     frame_id: str | None = None
     kind: str = "lidar"
+    # set by the service, never parsed from a client's frame: T_world_sensor is the map's own estimate
+    # (the write-ahead log stores it with the frame so that replay reproduces the map)
+    pose_estimated: bool = False
 
     @property
     def num_points(self) -> int:
@@ -265,7 +271,7 @@ def parse_frame(msg, limits: Limits = Limits()) -> Frame:
     fid = _frame_id(msg.get("frame_id"))
     if kind == "lidar":
         pts = check_points(msg.get("points"), "points", limits.max_points, allow_nan=True)
-        T = check_pose(msg.get("T_world_sensor"))
+        T = None if msg.get("T_world_sensor") is None else check_pose(msg["T_world_sensor"])
         return LidarFrame(pts, T, ts, fid)
     if kind == "depth":
         return _parse_depth(msg, limits, ts, fid)
@@ -316,7 +322,9 @@ def _parse_depth(msg: dict, limits: Limits, ts, fid) -> DepthFrame:
 
 def frame_to_wire(frame: Frame) -> dict:
     """A frame -> its wire dict (the inverse of :func:`parse_frame`)."""
-    out: dict[str, Any] = {"kind": frame.kind, "T_world_sensor": encode_array(frame.T_world_sensor)}
+    out: dict[str, Any] = {"kind": frame.kind}
+    if frame.T_world_sensor is not None:
+        out["T_world_sensor"] = encode_array(frame.T_world_sensor)
     if frame.timestamp is not None:
         out["timestamp"] = frame.timestamp
     if frame.frame_id is not None:
@@ -338,13 +346,16 @@ def frame_to_wire(frame: Frame) -> dict:
 
 
 def lidar_message(
-    points, T_world_sensor, timestamp: float | None = None, frame_id: str | None = None
+    points, T_world_sensor=None, timestamp: float | None = None, frame_id: str | None = None
 ) -> dict:
-    """Client side: numpy points ``[N, 3|4]`` (float32 sent as is) + pose -> a wire frame."""
+    """Client side: numpy points ``[N, 3|4]`` (float32 sent as is) + pose (None: the map estimates it)
+    -> a wire frame."""
     pts = np.asarray(points)
     if pts.dtype not in (np.float32, np.float64):
         pts = pts.astype(np.float32)
-    msg = {"kind": "lidar", "points": encode_array(pts), "T_world_sensor": _pose_wire(T_world_sensor)}
+    msg = {"kind": "lidar", "points": encode_array(pts)}
+    if T_world_sensor is not None:
+        msg["T_world_sensor"] = _pose_wire(T_world_sensor)
     if timestamp is not None:
         msg["timestamp"] = float(timestamp)
     if frame_id is not None:

@@ -107,7 +107,6 @@ def test_depth_frame_uint16_with_scale():
         ),
         (lambda m: m.update(T_world_sensor=[1.0] * 16), InvalidArgument, "rotation"),
         (lambda m: m.update(T_world_sensor=[1.0] * 15), InvalidArgument, "4, 4"),
-        (lambda m: m.pop("T_world_sensor"), InvalidArgument, "required"),
         (lambda m: m.update(timestamp="now"), InvalidArgumentType, "timestamp"),
         (lambda m: m.update(frame_id=7), InvalidArgumentType, "frame_id"),
     ],
@@ -117,6 +116,20 @@ def test_bad_frames_name_the_field(mutate, exc, match):
     mutate(msg)
     with pytest.raises(exc, match=match):
         wire.parse_frame(msg)
+
+
+def test_lidar_frame_without_pose():
+    """No pose (absent or null): the map registers the scan; a client cannot claim an estimated pose."""
+    msg = wire.lidar_message(lidar(), None, 0.0)
+    assert "T_world_sensor" not in msg
+    f = wire.parse_frame(msg)
+    assert f.T_world_sensor is None and not f.pose_estimated
+    assert wire.parse_frame({**msg, "T_world_sensor": None, "pose_estimated": True}).pose_estimated is False
+    assert "T_world_sensor" not in wire.frame_to_wire(f)
+    depth = wire.depth_message(np.ones((4, 4)), [1, 1, 1, 1], np.eye(4))
+    depth.pop("T_world_sensor")
+    with pytest.raises(InvalidArgument, match="T_world_sensor: required"):
+        wire.parse_frame(depth)
 
 
 def test_nan_rows_are_no_returns():

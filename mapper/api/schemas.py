@@ -28,6 +28,22 @@ class OccupancyParams(BaseModel):
     clamp_max: Annotated[float, Field(gt=0, le=50, allow_inf_nan=False)] | None = None
 
 
+class RegistrationParams(BaseModel):
+    """Tracking of LiDAR frames sent without a pose (``mapper.registration.OdometryConfig``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_range_m: Annotated[float, Field(gt=0, le=1000.0, allow_inf_nan=False)] | None = Field(
+        None, description="default: the map's max_range_m"
+    )
+    min_range_m: Annotated[float, Field(ge=0, le=1000.0, allow_inf_nan=False)] | None = None
+    voxel_size_m: Annotated[float, Field(ge=0.01, le=20.0, allow_inf_nan=False)] | None = Field(
+        None, description="local registration map voxel; default max_range_m / 100"
+    )
+    max_points_per_voxel: Annotated[int, Field(ge=1, le=64)] | None = None
+    initial_threshold_m: Annotated[float, Field(gt=0, le=100.0, allow_inf_nan=False)] | None = None
+    max_iterations: Annotated[int, Field(ge=1, le=500)] | None = None
+
+
 class MapCreate(BaseModel):
     """A new map. Unset parameters take the service defaults (``MAPPER_DEFAULT_*``) or the library's."""
 
@@ -43,6 +59,7 @@ class MapCreate(BaseModel):
     tsdf_max_weight: Annotated[float, Field(gt=0, le=1e4, allow_inf_nan=False)] | None = None
     tsdf_obs_weight: Annotated[float, Field(gt=0, le=1e3, allow_inf_nan=False)] | None = None
     occupancy: OccupancyParams | None = None
+    registration: RegistrationParams | None = None
 
 
 class MapSummary(BaseModel):
@@ -79,6 +96,14 @@ class Ack(BaseModel):
     points_dropped: int
     integrate_ms: float
     frame_id: str | None = None
+    T_world_sensor: list[float] | None = Field(
+        None, description="LiDAR frames: the pose used (16 numbers, row-major 4x4), estimated if not sent"
+    )
+    registration: dict | None = Field(
+        None,
+        description="LiDAR frames sent without a pose: ICP statistics of the estimate (iterations, "
+        "converged, correspondences, fitness, rmse_m)",
+    )
 
 
 class OpResult(BaseModel):
@@ -150,12 +175,13 @@ FRAME_BODY = {
     "requestBody": {
         "required": True,
         "description": "One frame: msgpack (`application/msgpack`, arrays as {dtype, shape, data}) or JSON "
-        "with nested lists. See mapper/wire.py.",
+        "with nested lists. See mapper/wire.py. A LiDAR frame may omit T_world_sensor: the map then "
+        "registers the scan and the ack carries the pose it used.",
         "content": {
             "application/json": {
                 "schema": {
                     "type": "object",
-                    "required": ["kind", "T_world_sensor"],
+                    "required": ["kind"],
                     "properties": {
                         "kind": {"type": "string", "enum": ["lidar", "depth"]},
                         "points": {

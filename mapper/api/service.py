@@ -3,7 +3,8 @@
 Concurrency model:
 * Each map has one **writer**: a single-thread executor that owns every mutation of the map (frames,
   clear, decay, ESDF updates, snapshot captures). An asyncio task feeds it batches from the map's bounded
-  queue: append the batch's records to the WAL, fsync once (group commit), integrate them under the
+  queue: track the batch's LiDAR frames (a frame without a pose is registered here and its record gets
+  the estimated pose), append the records to the WAL, fsync once (group commit), integrate them under the
   map's write lock, update the ESDF, then resolve the callers' futures (the acks).
 * **Queries** run on a shared thread pool under the map's read lock, so they see the map between
   batches (a consistent epoch) and run concurrently with each other.
@@ -106,17 +107,20 @@ class Op:
     future: asyncio.Future
     t0: float = field(default_factory=time.perf_counter)
     seq: int = 0
+    error: BaseException | None = None  # failed before logging (tracking): never written to the WAL
+    registration: dict | None = None  # ICP statistics of a frame whose pose the map estimated
 
 
 _STOP = object()
 
 
-def apply_op(m: Map, kind: str, args) -> dict:
-    """Apply one operation to a map (the live path and WAL replay share this)."""
+def apply_op(m: Map, kind: str, args, track: bool = True) -> dict:
+    """Apply one operation to a map (the live path and WAL replay share this). ``track=False``: the LiDAR
+    frame was already tracked (the live writer tracks a batch before logging it)."""
     if kind == "frame":
         f = args
         if isinstance(f, wire.LidarFrame):
-            return m.integrate_lidar(f.points, f.T_world_sensor)
+            return m.integrate_lidar(f.points, f.T_world_sensor, estimated=f.pose_estimated, track=track)
         return m.integrate_depth(f.depth_m, f.K, f.T_world_sensor, color=f.color)
     if kind == "clear":
         return m.clear(args.get("aabb_min"), args.get("aabb_max"))
@@ -129,7 +133,10 @@ def apply_op(m: Map, kind: str, args) -> dict:
 
 def encode_record(kind: str, args) -> bytes:
     if kind == "frame":
-        return wire.packb({"op": "frame", "frame": wire.frame_to_wire(args)})
+        rec = {"op": "frame", "frame": wire.frame_to_wire(args)}
+        if getattr(args, "pose_estimated", False):
+            rec["pose_estimated"] = True  # the map's own estimate: replay reproduces the tracking state
+        return wire.packb(rec)
     return wire.packb({"op": kind, **args})
 
 
@@ -137,7 +144,10 @@ def decode_record(payload: bytes, limits: wire.Limits) -> tuple[str, Any]:
     rec = wire.unpackb(payload)
     kind = rec.pop("op")
     if kind == "frame":
-        return kind, wire.parse_frame(rec["frame"], limits)
+        frame = wire.parse_frame(rec["frame"], limits)
+        if isinstance(frame, wire.LidarFrame) and frame.T_world_sensor is not None:
+            frame.pose_estimated = bool(rec.get("pose_estimated", False))
+        return kind, frame
     return kind, rec
 
 
@@ -246,9 +256,40 @@ class MapEntry:
         self.metrics.queue_depth.labels(self.id).set(0)
 
     # ------------------------------------------------------------------------------- writer thread
+    def _track(self, batch: list[Op]) -> None:
+        """Writer thread, before logging: the LiDAR tracking step of every LiDAR frame, in order. A frame
+        without a pose gets the map's estimate, and its record is re-encoded with it, so that the log
+        replays the same map (and tracking state) without registering again. A frame that fails here is not
+        logged. (If the WAL append then fails, the tracking state has seen frames the log has not: the
+        batch is reported failed, and a restart replays the log, which is self-consistent.)
+
+        No map lock: only this thread touches the tracking state (snapshot captures run here too), and
+        queries never read it."""
+        for op in batch:
+            f = op.args
+            if op.kind != "frame" or not isinstance(f, wire.LidarFrame):
+                continue
+            t = time.perf_counter()
+            try:
+                T, info = self.map.track_lidar(f.points, f.T_world_sensor)
+            except Exception as e:  # reported in the op's place; a MapperError is the client's
+                if not isinstance(e, MapperError):
+                    log.exception("map %s: tracking failed", self.id)
+                op.error = e
+                continue
+            if f.T_world_sensor is None:
+                self.metrics.stage.labels("registration").observe(time.perf_counter() - t)
+                f.T_world_sensor = T.cpu().numpy().copy()
+                f.pose_estimated = True
+                op.registration = info
+                op.record = encode_record("frame", f)
+
     def _process(self, batch: list[Op]) -> list:
+        self._track(batch)
         t = time.perf_counter()
         for op in batch:
+            if op.error is not None:
+                continue
             self.last_seq += 1
             op.seq = self.last_seq
             self.wal.append(op.seq, op.record)
@@ -259,6 +300,9 @@ class MapEntry:
         results = []
         with self.lock.write():
             for op in batch:
+                if op.error is not None:
+                    results.append(op.error)
+                    continue
                 try:
                     res = self._apply(op)
                     res["map_version"] = self.map.version
@@ -283,7 +327,7 @@ class MapEntry:
 
     def _apply(self, op: Op) -> dict:
         t = time.perf_counter()
-        res = apply_op(self.map, op.kind, op.args)
+        res = apply_op(self.map, op.kind, op.args, track=False)
         dt = time.perf_counter() - t
         if op.kind != "frame":
             return {"seq": op.seq, **_jsonable(res)}
@@ -303,6 +347,10 @@ class MapEntry:
         }
         if f.frame_id is not None:
             ack["frame_id"] = f.frame_id
+        if "T_world_sensor" in res:  # LiDAR: the pose used, 16 numbers row-major
+            ack["T_world_sensor"] = [float(x) for x in res["T_world_sensor"].reshape(-1).tolist()]
+        if op.registration is not None:
+            ack["registration"] = _jsonable(op.registration)
         return ack
 
     def _update_esdf(self) -> None:

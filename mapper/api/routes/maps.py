@@ -39,6 +39,8 @@ def _config(body: MapCreate, settings) -> dict:
             cfg[k] = getattr(body, k)
     if body.occupancy is not None:
         cfg["occupancy"] = body.occupancy.model_dump(exclude_none=True)
+    if body.registration is not None:
+        cfg["registration"] = body.registration.model_dump(exclude_none=True)
     return cfg
 
 
