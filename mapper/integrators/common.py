@@ -24,7 +24,7 @@ KEY_LIMIT = 1 << 20
 # ------------------------------------------------------------------------------------------- checks
 def check_pose(name: str, T, device: torch.device) -> torch.Tensor:
     """A rigid 4x4 transform (numpy/torch/list of 16) -> float64 ``[4, 4]`` on ``device``."""
-    t = as_tensor(name, T)
+    t = as_tensor(name, T).detach().cpu()  # 16 numbers: validate on the host, whatever device they came on
     if not (t.is_floating_point() or t.dtype in (torch.int32, torch.int64)):
         raise InvalidArgumentType(f"{name}: expected a float 4x4 matrix, got dtype {t.dtype}")
     t = t.to(torch.float64)
@@ -44,7 +44,7 @@ def check_pose(name: str, T, device: torch.device) -> torch.Tensor:
 
 def check_intrinsics(name: str, K, device: torch.device) -> torch.Tensor:
     """Pinhole intrinsics as a 3x3 matrix or [fx, fy, cx, cy] -> float64 ``[3, 3]``."""
-    t = as_tensor(name, K).to(torch.float64)
+    t = as_tensor(name, K).detach().cpu().to(torch.float64)
     if t.numel() == 4 and t.dim() == 1:
         fx, fy, cx, cy = t.tolist()
         t = torch.tensor([[fx, 0, cx], [0, fy, cy], [0, 0, 1]], dtype=torch.float64)
