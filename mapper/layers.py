@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .grid import IndexGrid
+from .kernels.dispatch import use_triton
 from .kernels.keys import encode_leaf_keys
 
 BRICK_VOXELS = 64
@@ -158,9 +159,18 @@ class PagedPool:
         for p in torch.unique(page).tolist():
             yield p, (page == p).nonzero().squeeze(1), self.page_starts[p]
 
+    def _triton(self) -> bool:
+        return len(self.page_starts) > 2 and use_triton(self.device)
+
     def gather(self, name: str, slots: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
         """Values of ``name`` at (slot, offset) pairs (``[M, *C]``), or whole bricks (``[M, 64, *C]``)."""
         spec = self.fields[name]
+        if self._triton():
+            from .kernels.triton_paged import paged_gather
+
+            return paged_gather(
+                self.page_table(name), self.page_start_table(), slots, offsets, spec.dtype, spec.shape
+            )
         shape = (slots.numel(), *(() if offsets is not None else (BRICK_VOXELS,)), *spec.shape)
         out = torch.empty(shape, dtype=spec.dtype, device=self.device)
         for p, sel, start in self._groups(slots):
@@ -178,6 +188,14 @@ class PagedPool:
         self, name: str, slots: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor | None = None
     ):
         """Write ``values`` at (slot, offset) pairs, or whole bricks when ``offsets`` is None."""
+        if self._triton():
+            from .kernels.triton_paged import paged_scatter
+
+            spec = self.fields[name]
+            shape = (slots.numel(), *(() if offsets is not None else (BRICK_VOXELS,)), *spec.shape)
+            v = values.to(spec.dtype).expand(shape).contiguous()
+            paged_scatter(self.page_table(name), self.page_start_table(), slots, offsets, v)
+            return
         for p, sel, start in self._groups(slots):
             s = slots if sel is None else slots[sel]
             v = values if sel is None else values[sel]
@@ -189,6 +207,11 @@ class PagedPool:
                 self.pages[name][p][local, o] = v.to(self.fields[name].dtype)
 
     def fill_slots(self, name: str, slots: torch.Tensor, value) -> None:
+        if self._triton():
+            spec = self.fields[name]
+            v = torch.full((1,), value, dtype=spec.dtype, device=self.device)
+            self.scatter(name, slots, v.reshape((1,) * (2 + len(spec.shape))))
+            return
         for p, sel, start in self._groups(slots):
             s = slots if sel is None else slots[sel]
             self.pages[name][p][s - start] = value

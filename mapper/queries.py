@@ -56,10 +56,11 @@ def gather_voxels(layer: BrickLayer, ijk: torch.Tensor, names: list[str], fills:
     present = slot >= 0
     out = []
     for n, fill in zip(names, fills, strict=True):
-        vals = torch.full((ijk.shape[0],), fill, dtype=torch.float32, device=ijk.device)
-        if bool(present.any()):
-            idx = present.nonzero().squeeze(1)
-            vals[idx] = layer.pool.gather(n, slot[idx], off[idx]).to(torch.float32)
+        if layer.pool.capacity == 0:
+            vals = torch.full((ijk.shape[0],), fill, dtype=torch.float32, device=ijk.device)
+        else:  # read slot 0 for absent voxels and mask: no compaction, no host sync
+            v = layer.pool.gather(n, slot.clamp(min=0), off).to(torch.float32)
+            vals = torch.where(present, v, torch.full_like(v, fill))
         out.append(vals)
     return out, present
 

@@ -1,0 +1,154 @@
+"""Triton gather/scatter through a paged pool's page table (imported lazily: triton is optional).
+
+The torch path of :class:`mapper.layers.PagedPool` groups the slots by page (``unique(...).tolist()`` and
+a ``nonzero`` per page: host syncs and a handful of launches per page), which on a large map (dozens of
+pages) costs milliseconds for any access. Here one launch covers every page: each lane finds its slot's
+page by binary search in the page-start table, turns the page's data pointer (an int64 from
+``PagedPool.page_table``) into a typed pointer and loads or stores one element. No host sync.
+
+Layout: a page of a field with trailing shape ``C`` (flattened) is ``[page_bricks, 64, C]`` contiguous, so
+the element (slot, voxel offset, c) sits at ``((slot - page_start) * 64 + offset) * C + c``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _element_address(ptrs_ptr, starts_ptr, n_pages, i, m, slots_ptr, offs_ptr, ety, C, PER, HAS_OFF, N_ITER):
+    row = i // (PER * C)
+    rem = i % (PER * C)
+    slot = tl.load(slots_ptr + row, mask=m, other=0)
+    # largest page p with starts[p] <= slot (binary search; N_ITER >= log2(n_pages) + 1)
+    lo = tl.zeros_like(slot)
+    hi = tl.zeros_like(slot) + n_pages
+    for _ in tl.static_range(N_ITER):
+        mid = (lo + hi) // 2
+        open_ = hi - lo > 1
+        go = tl.load(starts_ptr + mid, mask=m & open_, other=0) <= slot
+        lo = tl.where(open_ & go, mid, lo)
+        hi = tl.where(open_ & ~go, mid, hi)
+    start = tl.load(starts_ptr + lo, mask=m, other=0)
+    base = tl.load(ptrs_ptr + lo, mask=m, other=0).to(tl.pointer_type(ety))
+    if HAS_OFF:
+        voxel = tl.load(offs_ptr + row, mask=m, other=0)
+    else:
+        voxel = rem // C
+    return base + ((slot - start) * 64 + voxel) * C + rem % C
+
+
+@triton.jit
+def _paged_gather_kernel(
+    ptrs_ptr,
+    starts_ptr,
+    n_pages,
+    slots_ptr,
+    offs_ptr,
+    out_ptr,
+    total,
+    C: tl.constexpr,
+    PER: tl.constexpr,
+    HAS_OFF: tl.constexpr,
+    N_ITER: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < total
+    addr = _element_address(
+        ptrs_ptr,
+        starts_ptr,
+        n_pages,
+        i,
+        m,
+        slots_ptr,
+        offs_ptr,
+        out_ptr.dtype.element_ty,
+        C,
+        PER,
+        HAS_OFF,
+        N_ITER,
+    )
+    tl.store(out_ptr + i, tl.load(addr, mask=m), mask=m)
+
+
+@triton.jit
+def _paged_scatter_kernel(
+    ptrs_ptr,
+    starts_ptr,
+    n_pages,
+    slots_ptr,
+    offs_ptr,
+    val_ptr,
+    total,
+    C: tl.constexpr,
+    PER: tl.constexpr,
+    HAS_OFF: tl.constexpr,
+    N_ITER: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < total
+    addr = _element_address(
+        ptrs_ptr,
+        starts_ptr,
+        n_pages,
+        i,
+        m,
+        slots_ptr,
+        offs_ptr,
+        val_ptr.dtype.element_ty,
+        C,
+        PER,
+        HAS_OFF,
+        N_ITER,
+    )
+    tl.store(addr, tl.load(val_ptr + i, mask=m), mask=m)
+
+
+def _n_iter(n_pages: int) -> int:
+    # a power-of-two bucket of the page count: few compiled variants as the pool grows
+    return max(1, (max(1, n_pages) - 1).bit_length() + 1)
+
+
+def paged_gather(ptrs, starts, slots, offsets, dtype, trailing: tuple[int, ...]) -> torch.Tensor:
+    """Values at (slot, offset) pairs (``[M, *C]``) or whole bricks (``[M, 64, *C]``) when ``offsets`` is
+    None. ``ptrs``/``starts``: the pool's page table and page-start table (``[P]``, ``[P + 1]``)."""
+    c = 1
+    for d in trailing:
+        c *= d
+    per = 1 if offsets is not None else 64
+    n = slots.numel()
+    out = torch.empty(
+        (n, *(() if offsets is not None else (64,)), *trailing), dtype=dtype, device=slots.device
+    )
+    total = n * per * c
+    if total:
+        block = 256
+        sl = slots.to(torch.int64).contiguous()
+        of = sl if offsets is None else offsets.to(torch.int64).contiguous()
+        _paged_gather_kernel[(triton.cdiv(total, block),)](
+            ptrs, starts, ptrs.numel(), sl, of, out, total, C=c, PER=per, HAS_OFF=offsets is not None,
+            N_ITER=_n_iter(ptrs.numel()), BLOCK=block,
+        )  # fmt: skip
+    return out
+
+
+def paged_scatter(ptrs, starts, slots, offsets, values: torch.Tensor) -> None:
+    """Write ``values`` (already in the field's dtype, ``[M, *C]`` or ``[M, 64, *C]``) at the pairs."""
+    n = slots.numel()
+    if n == 0:
+        return
+    per = 1 if offsets is not None else 64
+    v = values.contiguous()
+    total = v.numel()
+    c = total // (n * per)
+    block = 256
+    sl = slots.to(torch.int64).contiguous()
+    of = sl if offsets is None else offsets.to(torch.int64).contiguous()
+    _paged_scatter_kernel[(triton.cdiv(total, block),)](
+        ptrs, starts, ptrs.numel(), sl, of, v, total, C=c, PER=per, HAS_OFF=offsets is not None,
+        N_ITER=_n_iter(ptrs.numel()), BLOCK=block,
+    )  # fmt: skip
