@@ -207,6 +207,9 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="cpu", help="server device when it is started here (cpu | cuda)")
     ap.add_argument("--voxel", type=float, default=0.2)
     ap.add_argument("--layers", default="tsdf,esdf")
+    ap.add_argument(
+        "--esdf-update", choices=("eager", "lazy"), default="eager", help="MAPPER_ESDF_UPDATE of the server"
+    )
     ap.add_argument("--points", type=int, default=120_000)
     ap.add_argument("--clients", default="1,4", help="client counts to run")
     ap.add_argument("--transports", default="ws,http")
@@ -234,6 +237,7 @@ def main(argv=None) -> None:
             "MAPPER_HOST": "127.0.0.1",
             "MAPPER_LOG_LEVEL": "warning",
             "MAPPER_SNAPSHOT_INTERVAL_S": "0",
+            "MAPPER_ESDF_UPDATE": args.esdf_update,
         }
         server = subprocess.Popen([sys.executable, "-m", "mapper", "serve"], env=env)
     try:
@@ -278,8 +282,9 @@ def main(argv=None) -> None:
         f"- command: `python benchmarks/bench_service.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
         f"- frames: {args.points} points (float32, {args.points * 12 / 1e6:.2f} MB msgpack), voxel "
         f"{args.voxel} m, layers {args.layers}, one map per client"
-        f"{' (shared map)' if args.shared_map else ''}, WAL fsync before each ack, ESDF updated before "
-        f"each ack (eager); WebSocket window {args.window}; {args.warmup:.0f} s warm-up then "
+        f"{' (shared map)' if args.shared_map else ''}, WAL fsync before each ack, ESDF updated "
+        f"{'before each ack (eager)' if args.esdf_update == 'eager' else 'on the next query (lazy)'}; "
+        f"WebSocket window {args.window}; {args.warmup:.0f} s warm-up then "
         f"{args.duration:.0f} s measured per case; clients on the same machine as the server",
         "",
         "| case | frames | frames/s | ack p50 (ms) | ack p99 (ms) | query p50 (ms) | query p99 (ms) "
