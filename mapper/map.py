@@ -25,6 +25,7 @@ from .mesh import Mesh, extract_mesh, mesh_since
 from .registration import Odometry, OdometryConfig
 
 LAYERS = ("tsdf", "color", "occupancy", "esdf")
+_HOST = torch.device("cpu")  # tracking poses live on the host (see mapper.registration)
 
 
 class _StageTimer:
@@ -225,10 +226,10 @@ class Map:
         is kept. ``estimated=True``: ``T_world_sensor`` is a pose this map estimated for this scan before
         (replaying a log), and the tracking state changes exactly as it did then.
 
-        Returns: ``(T_world_sensor float64 [4, 4] on the map's device, ICP info dict or None)``.
+        Returns: ``(T_world_sensor float64 [4, 4] on the CPU, ICP info dict or None)``.
         """
         pts = check_points("points_sensor", points_sensor, self.device)
-        T = None if T_world_sensor is None else check_pose("T_world_sensor", T_world_sensor, self.device)
+        T = None if T_world_sensor is None else check_pose("T_world_sensor", T_world_sensor, _HOST)
         if T is None or estimated:
             self._start_tracking()
         odo = self._odometry
@@ -474,8 +475,8 @@ class Map:
             prev = tensors.get("tracking.prev_pose")
             m._last_posed = (
                 tensors["tracking.last_points"].to(m.device, torch.float32),
-                tensors["tracking.last_pose"].to(m.device, torch.float64),
-                None if prev is None else prev.to(m.device, torch.float64),
+                tensors["tracking.last_pose"].to(_HOST, torch.float64),
+                None if prev is None else prev.to(_HOST, torch.float64),
             )
         return m
 

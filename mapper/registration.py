@@ -22,7 +22,8 @@ accumulated and solved in float64. Updates rotate about the current sensor posit
 world origin.
 
 Frames: ``T_world_sensor`` / ``T_target_source`` are float64 ``[4, 4]`` rigid transforms mapping
-source/sensor coordinates into world/target coordinates. Points are float32 ``[N, 3]``.
+source/sensor coordinates into world/target coordinates; they live on the CPU (a GPU would only add tiny
+launches and syncs for 4x4 algebra). Points are float32 ``[N, 3]`` on the compute device.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from .kernels import nn
 from .kernels.dispatch import use_triton
 
 KERNELS = ("geman_mcclure", "huber", "none")
+_HOST = torch.device("cpu")  # poses (float64 4x4) live on the host, whatever the points' device
 
 
 # ------------------------------------------------------------------------------------------------ SE(3)
@@ -542,18 +544,18 @@ def align(
     ``vmap``, from ``T_init`` (float64 ``[4, 4]`` map <- source). Stops when the update's norm (metres and
     radians) falls below ``convergence``. With ``min_kernel_scale_m`` below ``kernel_scale_m``, the kernel
     scale drops to that floor (and the search radius to 3 times it) once the update is below a tenth of
-    it: the wide kernel gives the basin, the narrow one the accuracy. Returns ``(T float64 [4, 4], info)``;
+    it: the wide kernel gives the basin, the narrow one the accuracy. Returns ``(T float64 [4, 4] on the
+    CPU, info)``;
     info: ``iterations``, ``converged``, ``correspondences`` (inliers of the last iteration), ``fitness``
     (their fraction), ``rmse_m`` (RMS of the inliers' residuals ``r``).
 
     Each iteration is one ``nn.icp_system`` call (on CUDA one fused Triton launch: search, residuals,
     weights, per-program sums) and one 29-number device->host copy; the 6x6 solve and the pose stay on the
     host, and the pose goes back as kernel arguments."""
-    dev = vmap.device
-    T = T_init.detach().to(device="cpu", dtype=torch.float64).numpy().copy()  # the pose lives on the host
+    T = T_init.detach().to(device=_HOST, dtype=torch.float64).numpy().copy()  # the pose lives on the host
     info = {"iterations": 0, "converged": False, "correspondences": 0, "fitness": 0.0, "rmse_m": float("nan")}
     if vmap.empty() or source.shape[0] == 0:
-        return torch.from_numpy(T).to(dev), info
+        return torch.from_numpy(T), info
     radius = float(max_correspondence_m)
     find = vmap.searcher(radius)
     scale = float(kernel_scale_m)
@@ -588,7 +590,7 @@ def align(
         fitness=pairs / source.shape[0],
         rmse_m=math.sqrt(sse / pairs) if pairs else float("nan"),
     )
-    return torch.from_numpy(T).to(dev), info
+    return torch.from_numpy(T), info
 
 
 def register(
@@ -625,7 +627,7 @@ def register(
     dev = v.resolve_device(device)
     src = _check_cloud("source", source, dev)
     tgt = _check_cloud("target", target, dev)
-    T0 = torch.eye(4, dtype=torch.float64) if T_init is None else check_pose("T_init", T_init, dev)
+    T0 = torch.eye(4, dtype=torch.float64) if T_init is None else check_pose("T_init", T_init, _HOST)
     vox = _positive("voxel_size_m", voxel_size_m)
     h = _positive("max_correspondence_m", max_correspondence_m)
     kernel = _kernel_name(kernel)
@@ -634,8 +636,7 @@ def register(
     conv = _non_negative("convergence", convergence)
     vmap = VoxelPointMap(vox, max_points_per_voxel=max_points_per_voxel, device=dev)
     vmap.add_points(tgt)
-    T, info = align(src, vmap, T0.to(dev), h, scale, kernel=kernel, max_iterations=iters, convergence=conv)
-    return T.cpu(), info
+    return align(src, vmap, T0, h, scale, kernel=kernel, max_iterations=iters, convergence=conv)
 
 
 # ------------------------------------------------------------------------------------------ odometry
@@ -722,7 +723,7 @@ def deskew(points: torch.Tensor, timestamps: torch.Tensor, delta: torch.Tensor) 
     if float(t1 - t0) <= 0:
         return points
     s = (t - t0) / (t1 - t0)
-    xi = se3_log(delta.to(torch.float64))
+    xi = se3_log(delta.to(torch.float64)).to(t.device)
     T = se3_exp((s - 1)[:, None] * xi[None, :])
     p = points.to(torch.float64)
     return ((T[:, :3, :3] @ p[..., None])[..., 0] + T[:, :3, 3]).to(points.dtype)
@@ -753,8 +754,8 @@ class Odometry:
         self.map = VoxelPointMap(c.voxel_size, c.max_points_per_voxel, device=self.device)
         self.threshold = AdaptiveThreshold(c.initial_threshold_m, c.min_motion_m, c.max_range_m)
         pose = torch.eye(4, dtype=torch.float64) if initial_pose is None else initial_pose
-        self.pose = check_pose("initial_pose", pose, self.device)
-        self.delta = torch.eye(4, dtype=torch.float64, device=self.device)
+        self.pose = check_pose("initial_pose", pose, _HOST)
+        self.delta = torch.eye(4, dtype=torch.float64)
         self.frames = 0
         self.last_info: dict = {}
 
@@ -784,7 +785,7 @@ class Odometry:
                 it; the adaptive threshold learns only from estimated poses.
             estimated: ``pose`` is one this odometry estimated for this sweep before (a replayed log): the
                 state then changes exactly as when it was estimated.
-        Returns: ``T_world_sensor`` float64 ``[4, 4]`` on the odometry's device.
+        Returns: ``T_world_sensor`` float64 ``[4, 4]`` on the CPU (poses stay on the host).
         """
         c = self.config
         vox = c.voxel_size
@@ -810,13 +811,14 @@ class Odometry:
             )
             estimated = True
         else:
-            pose = check_pose("pose", pose, self.device)
+            pose = check_pose("pose", pose, _HOST)
             self.last_info = {}
         # 4. how far the estimate is from the prediction feeds the threshold
         if estimated and not self.map.empty():
             self.threshold.update(torch.linalg.inv(prediction) @ pose)
         # 5. map update: the registered frame in, voxels beyond max_range of the sensor out
-        self.map.add_points(frame @ pose[:3, :3].T.to(torch.float32) + pose[:3, 3].to(torch.float32))
+        Rt = pose[:3].T.to(frame.device, torch.float32)  # [R^T; t^T]
+        self.map.add_points(frame @ Rt[:3] + Rt[3])
         self.map.remove_far(pose[:3, 3], c.max_range_m)
         # 6. motion model: the last inter-frame motion predicts the next one
         if self.frames:
@@ -842,8 +844,8 @@ class Odometry:
         """An odometry saved with :meth:`state_dict` (on ``device``, default CUDA when available)."""
         odo = cls(OdometryConfig(**meta["config"]), device=device)
         odo.map.load_state_dict(tensors, prefix + "map.")
-        odo.pose = tensors[prefix + "pose"].to(odo.device, torch.float64)
-        odo.delta = tensors[prefix + "delta"].to(odo.device, torch.float64)
+        odo.pose = tensors[prefix + "pose"].to(_HOST, torch.float64)
+        odo.delta = tensors[prefix + "delta"].to(_HOST, torch.float64)
         odo.frames = int(meta["frames"])
         odo.threshold._sse, odo.threshold._n = float(meta["threshold"][0]), int(meta["threshold"][1])
         return odo

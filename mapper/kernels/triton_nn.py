@@ -97,7 +97,8 @@ def _nearest_block(
     return best, arg
 
 
-@triton.jit
+# sizes are not specialised (a divisible-by-16 count would compile another variant mid-stream)
+@triton.jit(do_not_specialize=["n_queries", "n_keys"])
 def _nearest_kernel(
     q_ptr,
     keys_ptr,
@@ -132,7 +133,7 @@ def _nearest_kernel(
     tl.store(idx_ptr + r, arg, mask=live)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_src", "n_keys"])
 def _icp_system_kernel(
     src_ptr,  # float32 [N, 3] source points (sensor frame)
     keys_ptr,
@@ -253,7 +254,9 @@ def _search_args(keys: torch.Tensor, neighbourhood: int, device: torch.device):
     """(key offsets, ijk offsets, shift, binary-search steps) shared by both launches."""
     r = (0, 1) if neighbourhood == 8 else (-1, 0, 1)
     offi = torch.tensor([(a, b, c) for a in r for b in r for c in r], dtype=torch.int64, device=device)
-    steps = 4 * math.ceil((math.ceil(math.log2(keys.shape[0] + 1)) + 1) / 4)  # few compiled variants
+    # binary-search steps are a constexpr (see the loop-bound note): rounded up to 8, 16 or 24 so that a
+    # growing map triggers at most a couple of compilations (extra steps are masked no-ops)
+    steps = 8 * math.ceil((math.ceil(math.log2(keys.shape[0] + 1)) + 1) / 8)
     return nn.key_offsets(neighbourhood, device), offi.reshape(-1), 0.5 if neighbourhood == 8 else 0.0, steps
 
 
