@@ -4,6 +4,14 @@ Per frame, every voxel a ray crosses before its return is a *miss*, the voxel of
 rays reported without a return carve up to ``max_range_m``. A voxel gets at most one update per frame,
 and a hit wins over misses (OctoMap's ``insertPointCloud`` key sets). ``log_odds`` is clamped to
 ``[clamp_min, clamp_max]``. Voxels never observed hold NaN: **unknown**, never free.
+
+Per frame (:func:`integrate_rays`, a brick-segment walk, see :mod:`mapper.kernels.segments`): the bricks
+each ray crosses (DDA at brick resolution) plus the bricks of the returns, made unique with each
+segment's rank; a frame-local flag per voxel of those bricks (``uint8 [B, 64]``): the walk stores miss = 1
+for the voxels each segment crosses, then the returns store hit = 2 (hit wins); the bricks are allocated
+and every flagged voxel gets ``l_hit`` or ``l_miss`` (unknown counts as 0) in one pass over whole
+bricks. ``_integrate_rays_reference`` (every crossed voxel materialised, then a sort) is the previous
+implementation, kept for the tests.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.segments import MISS, brick_keys, brick_segments, unique_brick_ranks, walk_segments
 from ..layers import BrickLayer, FieldSpec, brick_offsets
 from .common import dda, in_key_range, keys_to_ijk, max_dda_steps, unique_voxels, voxel_keys
 from .tsdf import _slots_of
@@ -79,6 +88,58 @@ def integrate_rays(
     cfg: OccupancyConfig,
     timer,
 ) -> int:
+    """Carve rays from ``origin`` (float64 ``[3]``) along unit ``dirs`` (``[R, 3]``) up to ``length``
+    (``[R]``); rays with ``hit`` end in an occupied voxel. Returns the number of voxels updated."""
+    n = dirs.shape[0]
+    if n == 0:
+        return 0
+    s = cfg.voxel_size_m
+    dev = dirs.device
+    with timer("grow"):
+        o = origin.to(torch.float64).expand(n, 3)
+        zero = torch.zeros_like(length)
+        seg_ray, seg_key = brick_segments(o, dirs, zero, length, 4 * s)
+        end = torch.floor((origin + dirs * length[:, None]) / s).to(torch.int64)  # the return's voxel
+        end_key = torch.where(hit, brick_keys(end >> 2), -1)
+        bricks, (seg_rank, end_rank) = unique_brick_ranks(seg_key, end_key)
+        u = bricks.shape[0]
+        if u == 0:
+            return 0
+        flags = torch.zeros(u * 64 + 1, dtype=torch.uint8, device=dev)  # + a sink for rays without a hit
+        walk_segments(MISS, o, dirs, zero, length, None, seg_ray, seg_rank, bricks, s, (flags,))
+        del seg_ray, seg_key, seg_rank
+        hit_at = torch.where(end_rank >= 0, end_rank.to(torch.int64) * 64 + brick_offsets(end), u * 64)
+        flags[hit_at] = 2  # after the misses: a hit wins within the frame
+        flags = flags[: u * 64].view(u, 64)
+    with timer("merge"):
+        slots = layer.allocate(bricks)
+    with timer("update"):
+        step = (1 << 13) if dev.type == "cpu" else (1 << 16)
+        for c0 in range(0, u, step):
+            apply_flags(layer, slots[c0 : c0 + step], flags[c0 : c0 + step], cfg)
+    return int((flags != 0).sum())
+
+
+def apply_flags(layer: BrickLayer, slots: torch.Tensor, flags: torch.Tensor, cfg: OccupancyConfig) -> None:
+    """Log-odds update of whole bricks (``[B]`` slots, uint8 ``[B, 64]`` flags: 0 = not observed this
+    frame, 1 = miss, 2 = hit); unknown (NaN) counts as 0; flag 0 leaves a voxel as it is."""
+    lo = layer.pool.gather("log_odds", slots).to(torch.float32)
+    delta = torch.where(flags == 2, torch.full_like(lo, cfg.l_hit), torch.full_like(lo, cfg.l_miss))
+    new = (torch.nan_to_num(lo, nan=0.0) + delta).clamp(cfg.clamp_min, cfg.clamp_max)
+    layer.pool.scatter("log_odds", slots, torch.where(flags == 0, lo, new))
+
+
+def _integrate_rays_reference(
+    layer: BrickLayer,
+    origin: torch.Tensor,
+    dirs: torch.Tensor,
+    length: torch.Tensor,
+    hit: torch.Tensor,
+    cfg: OccupancyConfig,
+    timer,
+) -> int:
+    """The previous implementation (every crossed voxel materialised, unique by a sort); the tests'
+    reference."""
     with timer("grow"):
         v, h = ray_voxels(origin, dirs, length, hit, cfg.voxel_size_m)
         if v.shape[0] == 0:

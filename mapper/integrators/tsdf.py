@@ -7,7 +7,12 @@ capped at ``max_weight``; values in metres, truncated to ``+-tau``, positive in 
 
 * LiDAR: every voxel crossed by the segment ``[r - tau, r + tau]`` of a ray (exact traversal) gets
   ``sdf = r - |centre - origin|`` (VDBFusion's definition), kept where ``sdf >= -tau`` and clamped to
-  ``tau``; several rays hitting one voxel in a frame count as several observations.
+  ``tau``; several rays hitting one voxel in a frame count as several observations. The traversal is a
+  brick-segment walk (:mod:`mapper.kernels.segments`): the bricks of each band (DDA at brick
+  resolution), unique with each segment's rank, then the voxels of each segment added into frame-local
+  ``float32 [B, 64]`` sums (no voxel-level arrays, no sort of voxels); bricks that received no sample
+  (the band's end beyond ``-tau``) are dropped before allocation. ``_integrate_lidar_reference`` is the
+  previous implementation (voxel-resolution DDA over all bands, then a brick scatter), kept for tests.
 * Depth: the bricks crossed by each pixel's band are allocated, then every voxel of those bricks is
   projected into the image (nearest pixel) and gets the projective distance ``depth - z``.
 """
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.segments import BAND, brick_segments, unique_brick_ranks, walk_segments
 from ..layers import BrickLayer, FieldSpec, brick_local_coords, brick_offsets
 from .common import (
     chunked_rays,
@@ -27,6 +33,10 @@ from .common import (
     unique_voxels,
     voxel_keys,
 )
+
+# bricks per chunk of the running-average update (bounded float32 temporaries: 8 B x 64 x chunk each)
+UPDATE_BRICKS_CPU = 1 << 13
+UPDATE_BRICKS_GPU = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -160,7 +170,53 @@ def update_bricks(layer: BrickLayer, slots: torch.Tensor, obs_sum: torch.Tensor,
 
 
 def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Tensor, cfg: TsdfConfig, timer):
-    """One LiDAR frame (world points, float64 origin ``[3]``) into a TSDF layer."""
+    """One LiDAR frame (world points, float64 origin ``[3]``) into a TSDF layer; returns the number of
+    voxels updated."""
+    n = points_w.shape[0]
+    if n == 0:
+        return 0
+    s, tau = cfg.voxel_size_m, cfg.tau
+    dev = points_w.device
+    with timer("grow"):
+        d = points_w.to(torch.float64) - origin
+        r = torch.linalg.vector_norm(d, dim=1)
+        dirs = d / r[:, None]
+        t0 = (r - tau).clamp(min=0.0)
+        t1 = r + tau
+        o = origin.to(torch.float64).expand(n, 3)
+        seg_ray, seg_key = brick_segments(o, dirs, t0, t1, 4 * s)
+        bricks, (seg_rank,) = unique_brick_ranks(seg_key)
+        u = bricks.shape[0]
+        if u == 0:
+            return 0
+        sdf_sum = torch.zeros(u * 64, dtype=torch.float32, device=dev)
+        w_sum = torch.zeros(u * 64, dtype=torch.float32, device=dev)
+        walk_segments(
+            BAND, o, dirs, t0, t1, r, seg_ray, seg_rank, bricks, s, (sdf_sum, w_sum), tau, cfg.obs_weight
+        )
+        del seg_ray, seg_key, seg_rank
+        sdf_sum, w_sum = sdf_sum.view(u, 64), w_sum.view(u, 64)
+        seen = w_sum > 0
+        keep = seen.any(dim=1).nonzero().squeeze(1)  # bricks with samples (sync: their count)
+        if keep.numel() == 0:
+            return 0
+        if keep.numel() < u:
+            bricks = bricks[keep]
+    with timer("merge"):
+        slots = layer.allocate(bricks)
+    with timer("update"):
+        all_kept = keep.numel() == u
+        step = UPDATE_BRICKS_CPU if dev.type == "cpu" else UPDATE_BRICKS_GPU
+        for c0 in range(0, keep.numel(), step):
+            sl = slice(c0, c0 + step)
+            rows = sl if all_kept else keep[sl]
+            update_bricks(layer, slots[sl], sdf_sum[rows], w_sum[rows], cfg)
+    return int(seen.sum())
+
+
+def _integrate_lidar_reference(layer: BrickLayer, origin, points_w, cfg: TsdfConfig, timer):
+    """The previous implementation (voxel-resolution DDA over every band, samples scattered per brick);
+    the tests' reference."""
     with timer("grow"):
         ijk, sdf = lidar_band_samples(origin, points_w, cfg)
         if ijk.shape[0] == 0:

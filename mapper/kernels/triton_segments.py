@@ -1,0 +1,307 @@
+"""Triton kernels behind :func:`mapper.kernels.segments.brick_segments` and ``walk_segments`` (imported
+lazily: triton is optional).
+
+* ``_coarse_kernel`` (one program per ``BLOCK`` rays): the brick-resolution DDA of ``dda_torch``, written
+  as CSR: ray ``r`` owns rows ``start[r] .. start[r+1]`` of ``seg_ray``/``seg_key``; its capacity is
+  ``sum |b1 - b0| + 4`` (the cells between its start and end bricks, plus one per axis for a rounding
+  overshoot); unused rows get ray ``-1`` and key ``-1``. One host sync (the total, to size the output).
+  The loop bound is the power-of-two bucket of the largest capacity (a constexpr: few compiled variants,
+  and the interpreter needs constant loop bounds); rows past a ray's capacity are not stored.
+* ``_walk_kernel`` (one program per ``BLOCK`` segments): up to 10 voxels per segment, unrolled; occupancy
+  stores a byte flag (plain stores: every writer writes 1), the TSDF band two float32 ``atomic_add``.
+
+Float scalars reach kernels as fp32 when passed as Python floats, so voxel size, cell and tau travel in a
+float64 tensor. Both kernels are compiled with ``enable_fp_fusion=False``: no FMA contraction, the same
+rounding as the torch reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .segments import BAND, BRICK_HI, BRICK_LO, KEY_BIAS, KEY_BITS, MISS, WALK_STEPS
+
+_INF = tl.constexpr(float("inf"))
+_BLOCK_COARSE = 128
+_BLOCK_WALK = 256
+
+
+@triton.jit
+def _axis_setup(o, d, t0, cell):
+    p = o + d * t0
+    v = tl.floor(p / cell)
+    b = (v + tl.where(d > 0, 1.0, 0.0)) * cell
+    nz = d != 0
+    inv = tl.where(nz, 1.0 / tl.where(nz, d, 1.0), _INF)
+    tm = tl.where(nz, t0 + (b - p) * inv, _INF)
+    td = tl.where(nz, cell * tl.abs(inv), _INF)
+    st = tl.where(d > 0, 1, tl.where(d < 0, -1, 0)).to(tl.int64)
+    return v.to(tl.int64), tm, td, st
+
+
+@triton.jit
+def _coarse_kernel(
+    o_ptr,
+    o_stride,
+    d_ptr,
+    t0_ptr,
+    t1_ptr,
+    start_ptr,  # int64 [n + 1]: CSR row offsets
+    prm_ptr,  # float64 [1]: cell
+    seg_ray_ptr,  # int32 [total]
+    seg_key_ptr,  # int64 [total]
+    n,
+    S_BOUND: tl.constexpr,
+    BLOCK: tl.constexpr,
+    KBITS: tl.constexpr,
+    KBIAS: tl.constexpr,
+    BLO: tl.constexpr,
+    BHI: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = r < n
+    cell = tl.load(prm_ptr)
+    ox = tl.load(o_ptr + r * o_stride + 0, mask=m, other=0.0)
+    oy = tl.load(o_ptr + r * o_stride + 1, mask=m, other=0.0)
+    oz = tl.load(o_ptr + r * o_stride + 2, mask=m, other=0.0)
+    dx = tl.load(d_ptr + r * 3 + 0, mask=m, other=1.0)
+    dy = tl.load(d_ptr + r * 3 + 1, mask=m, other=0.0)
+    dz = tl.load(d_ptr + r * 3 + 2, mask=m, other=0.0)
+    t0 = tl.load(t0_ptr + r, mask=m, other=0.0)
+    t1 = tl.load(t1_ptr + r, mask=m, other=0.0)
+    start = tl.load(start_ptr + r, mask=m, other=0)
+    cap = tl.load(start_ptr + r + 1, mask=m, other=0) - start
+    vx, tmx, tdx, sx = _axis_setup(ox, dx, t0, cell)
+    vy, tmy, tdy, sy = _axis_setup(oy, dy, t0, cell)
+    vz, tmz, tdz, sz = _axis_setup(oz, dz, t0, cell)
+    first = t0 <= t1
+    t = t0
+    for k in range(S_BOUND):
+        w = m & (k < cap)
+        ok = (t < t1) | (first & (k == 0))
+        inr = (vx >= BLO) & (vx < BHI) & (vy >= BLO) & (vy < BHI) & (vz >= BLO) & (vz < BHI)
+        key = ((vx + KBIAS) << (2 * KBITS)) | ((vy + KBIAS) << KBITS) | (vz + KBIAS)
+        key = tl.where(ok & inr, key, -1)
+        tl.store(seg_key_ptr + start + k, key, mask=w)
+        tl.store(seg_ray_ptr + start + k, tl.where(ok, r, -1).to(tl.int32), mask=w)
+        mx = (tmx <= tmy) & (tmx <= tmz)
+        my = (~mx) & (tmy <= tmz)
+        mz = (~mx) & (~my)
+        t = tl.minimum(tl.minimum(tmx, tmy), tmz)
+        vx += tl.where(mx, sx, 0)
+        vy += tl.where(my, sy, 0)
+        vz += tl.where(mz, sz, 0)
+        tmx += tl.where(mx, tdx, 0.0)
+        tmy += tl.where(my, tdy, 0.0)
+        tmz += tl.where(mz, tdz, 0.0)
+
+
+def brick_segments_triton(origins, dirs, t0, t1, cell: float):
+    """Same contract as :func:`mapper.kernels.segments.brick_segments_torch` (rows may be padding)."""
+    n = dirs.shape[0]
+    dev = dirs.device
+    o = origins.to(torch.float64)
+    if o.dim() == 1:
+        o = o.expand(n, 3)
+    if o.stride(1) != 1 or o.stride(0) not in (0, 3):
+        o = o.contiguous()
+    d = dirs.to(torch.float64).contiguous()
+    a = t0.to(torch.float64).contiguous()
+    e = t1.to(torch.float64).contiguous()
+    # capacity per ray: the bricks between the start and end bricks (the same float64 arithmetic as the
+    # kernel's start), plus one per axis for a rounding overshoot at the end
+    b0 = torch.floor((o + d * a[:, None]) / cell)
+    b1 = torch.floor((o + d * e[:, None]) / cell)
+    cap = (b1 - b0).abs().sum(dim=1).to(torch.int64) + 4
+    cap = torch.where(a <= e, cap, torch.ones_like(cap))
+    start = torch.zeros(n + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(cap, 0, out=start[1:])
+    total, cmax = torch.stack((start[-1], cap.max())).tolist()  # one sync: output size + loop bound
+    seg_ray = torch.empty(total, dtype=torch.int32, device=dev)
+    seg_key = torch.empty(total, dtype=torch.int64, device=dev)
+    prm = torch.tensor([float(cell)], dtype=torch.float64, device=dev)
+    _coarse_kernel[(triton.cdiv(n, _BLOCK_COARSE),)](
+        o,
+        o.stride(0),
+        d,
+        a,
+        e,
+        start,
+        prm,
+        seg_ray,
+        seg_key,
+        n,
+        S_BOUND=1 << max(0, int(cmax) - 1).bit_length(),
+        BLOCK=_BLOCK_COARSE,
+        KBITS=KEY_BITS,
+        KBIAS=KEY_BIAS,
+        BLO=BRICK_LO,
+        BHI=BRICK_HI,
+        enable_fp_fusion=False,
+    )
+    return seg_ray, seg_key
+
+
+@triton.jit
+def _entry_axis(pe, d, s, lo):
+    """Per axis at the entry point: floor, the voxel before and after an exact boundary, inside flags."""
+    c = tl.floor(pe / s)
+    exact = (d != 0) & (c * s == pe)
+    c = c.to(tl.int64)
+    before = tl.where(exact & (d > 0), c - 1, c)
+    after = tl.where(exact & (d < 0), c - 1, c)
+    return c, before, after, (before >= lo) & (before <= lo + 3), (after >= lo) & (after <= lo + 3)
+
+
+@triton.jit
+def _walk_kernel(
+    o_ptr,
+    o_stride,
+    d_ptr,
+    t0_ptr,
+    t1_ptr,
+    rng_ptr,  # float64 [R] (BAND) or any float64 pointer (MISS)
+    ray_ptr,  # int32 [n]
+    rank_ptr,  # int32 [n]
+    bricks_ptr,  # int32 [U, 3]
+    prm_ptr,  # float64 [2]: voxel size, tau
+    out_a,  # MISS: uint8 flags; BAND: float32 sdf * w sums
+    out_b,  # BAND: float32 w sums
+    n,
+    weight,
+    MODE: tl.constexpr,
+    STEPS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    ray = tl.load(ray_ptr + i, mask=m, other=-1)
+    rank = tl.load(rank_ptr + i, mask=m, other=-1)
+    go = m & (ray >= 0) & (rank >= 0)
+    ray = tl.where(go, ray, 0).to(tl.int64)
+    rank = tl.where(go, rank, 0).to(tl.int64)
+    s = tl.load(prm_ptr)
+    tau = tl.load(prm_ptr + 1)
+    lox = tl.load(bricks_ptr + rank * 3 + 0, mask=go, other=0).to(tl.int64) * 4
+    loy = tl.load(bricks_ptr + rank * 3 + 1, mask=go, other=0).to(tl.int64) * 4
+    loz = tl.load(bricks_ptr + rank * 3 + 2, mask=go, other=0).to(tl.int64) * 4
+    ox = tl.load(o_ptr + ray * o_stride + 0, mask=go, other=0.0)
+    oy = tl.load(o_ptr + ray * o_stride + 1, mask=go, other=0.0)
+    oz = tl.load(o_ptr + ray * o_stride + 2, mask=go, other=0.0)
+    dx = tl.load(d_ptr + ray * 3 + 0, mask=go, other=1.0)
+    dy = tl.load(d_ptr + ray * 3 + 1, mask=go, other=0.0)
+    dz = tl.load(d_ptr + ray * 3 + 2, mask=go, other=0.0)
+    a = tl.load(t0_ptr + ray, mask=go, other=0.0)
+    e = tl.load(t1_ptr + ray, mask=go, other=0.0)
+    p0x = ox + dx * a
+    p0y = oy + dy * a
+    p0z = oz + dz * a
+    ix = tl.where(dx != 0, 1.0 / tl.where(dx != 0, dx, 1.0), _INF)
+    iy = tl.where(dy != 0, 1.0 / tl.where(dy != 0, dy, 1.0), _INF)
+    iz = tl.where(dz != 0, 1.0 / tl.where(dz != 0, dz, 1.0), _INF)
+    # entry into the brick: the slab entries of its three axes (faces behind the direction)
+    tfx = tl.where(dx != 0, a + ((lox + tl.where(dx < 0, 4, 0)).to(tl.float64) * s - p0x) * ix, -_INF)
+    tfy = tl.where(dy != 0, a + ((loy + tl.where(dy < 0, 4, 0)).to(tl.float64) * s - p0y) * iy, -_INF)
+    tfz = tl.where(dz != 0, a + ((loz + tl.where(dz < 0, 4, 0)).to(tl.float64) * s - p0z) * iz, -_INF)
+    t = tl.maximum(a, tl.maximum(tl.maximum(tfx, tfy), tfz))
+    # the brick's first voxel (see segments._entry_voxel): the first DDA state at the entry tie in the brick
+    cx, bx, ax, ibx, iax = _entry_axis(ox + dx * t, dx, s, lox)
+    cy, by, ay, iby, iay = _entry_axis(oy + dy * t, dy, s, loy)
+    cz, bz, az, ibz, iaz = _entry_axis(oz + dz * t, dz, s, loz)
+    in0 = ibx & iby & ibz
+    in1 = iax & iby & ibz
+    in2 = iax & iay & ibz
+    in3 = iax & iay & iaz
+    fall = ~(in0 | in1 | in2 | in3) | (t <= a)
+    vx = tl.where(fall, tl.minimum(tl.maximum(cx, lox), lox + 3), tl.where(in0, bx, ax))
+    vy = tl.where(fall, tl.minimum(tl.maximum(cy, loy), loy + 3), tl.where(in0 | in1, by, ay))
+    vz = tl.where(fall, tl.minimum(tl.maximum(cz, loz), loz + 3), tl.where(in3 & ~(in0 | in1 | in2), az, bz))
+    px = tl.where(dx > 0, 1, 0).to(tl.int64)
+    py = tl.where(dy > 0, 1, 0).to(tl.int64)
+    pz = tl.where(dz > 0, 1, 0).to(tl.int64)
+    sx = tl.where(dx > 0, 1, tl.where(dx < 0, -1, 0)).to(tl.int64)
+    sy = tl.where(dy > 0, 1, tl.where(dy < 0, -1, 0)).to(tl.int64)
+    sz = tl.where(dz > 0, 1, tl.where(dz < 0, -1, 0)).to(tl.int64)
+    tmx = tl.where(dx != 0, a + ((vx + px).to(tl.float64) * s - p0x) * ix, _INF)
+    tmy = tl.where(dy != 0, a + ((vy + py).to(tl.float64) * s - p0y) * iy, _INF)
+    tmz = tl.where(dz != 0, a + ((vz + pz).to(tl.float64) * s - p0z) * iz, _INF)
+    if MODE == 1:
+        r = tl.load(rng_ptr + ray, mask=go, other=0.0)
+    for k in tl.static_range(STEPS):
+        if k > 0:
+            inside = (vx >= lox) & (vx <= lox + 3) & (vy >= loy) & (vy <= loy + 3)
+            inside = inside & (vz >= loz) & (vz <= loz + 3)
+            go = go & (t < e) & inside
+        idx = rank * 64 + (((vx & 3) << 4) | ((vy & 3) << 2) | (vz & 3))
+        if MODE == 0:
+            tl.store(out_a + idx, tl.full((BLOCK,), 1, tl.uint8), mask=go)
+        else:
+            cx = (vx.to(tl.float64) + 0.5) * s - ox
+            cy = (vy.to(tl.float64) + 0.5) * s - oy
+            cz = (vz.to(tl.float64) + 0.5) * s - oz
+            sdf = r - tl.sqrt(cx * cx + cy * cy + cz * cz)
+            keep = go & (sdf >= -tau)
+            val = tl.minimum(sdf, tau).to(tl.float32)
+            wt = tl.full((BLOCK,), 1.0, tl.float32) * weight
+            tl.atomic_add(out_a + idx, val * wt, mask=keep, sem="relaxed")
+            tl.atomic_add(out_b + idx, wt, mask=keep, sem="relaxed")
+        if k < STEPS - 1:
+            mx = (tmx <= tmy) & (tmx <= tmz)
+            my = (~mx) & (tmy <= tmz)
+            mz = (~mx) & (~my)
+            t = tl.minimum(tl.minimum(tmx, tmy), tmz)
+            vx += tl.where(mx, sx, 0)
+            vy += tl.where(my, sy, 0)
+            vz += tl.where(mz, sz, 0)
+            tmx = tl.where(mx, a + ((vx + px).to(tl.float64) * s - p0x) * ix, tmx)
+            tmy = tl.where(my, a + ((vy + py).to(tl.float64) * s - p0y) * iy, tmy)
+            tmz = tl.where(mz, a + ((vz + pz).to(tl.float64) * s - p0z) * iz, tmz)
+
+
+def walk_segments_triton(
+    mode, origins, dirs, t0, t1, rng, seg_ray, seg_rank, bricks, voxel_size, out, tau=0.0, weight=1.0
+) -> None:
+    """Same contract as :func:`mapper.kernels.segments.walk_segments_torch`; one launch."""
+    n = seg_ray.numel()
+    if n == 0:
+        return
+    r = dirs.shape[0]
+    o = origins.to(torch.float64)
+    if o.dim() == 1:
+        o = o.expand(r, 3)
+    if o.stride(1) != 1 or o.stride(0) not in (0, 3):
+        o = o.contiguous()
+    d = dirs.to(torch.float64).contiguous()
+    a = t0.to(torch.float64).contiguous()
+    e = t1.to(torch.float64).contiguous()
+    rg = rng.to(torch.float64).contiguous() if mode == BAND else a
+    prm = torch.tensor([float(voxel_size), float(tau)], dtype=torch.float64, device=dirs.device)
+    if mode == MISS:
+        (flags,) = out
+        out_a = out_b = flags
+    else:
+        out_a, out_b = out
+    for x in (out_a, out_b):
+        assert x.is_contiguous()
+    _walk_kernel[(triton.cdiv(n, _BLOCK_WALK),)](
+        o,
+        o.stride(0),
+        d,
+        a,
+        e,
+        rg,
+        seg_ray.to(torch.int32).contiguous(),
+        seg_rank.to(torch.int32).contiguous(),
+        bricks.to(torch.int32).contiguous(),
+        prm,
+        out_a,
+        out_b,
+        n,
+        float(weight),
+        MODE=int(mode),
+        STEPS=WALK_STEPS,
+        BLOCK=_BLOCK_WALK,
+        enable_fp_fusion=False,
+    )
