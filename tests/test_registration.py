@@ -563,3 +563,22 @@ def test_map_registration_config_errors():
     assert Map(**m.config(), device="cpu").registration_config.voxel_size == 0.5
     with pytest.raises(InvalidArgument, match=r"^T_world_sensor: required"):
         m.integrate_lidar(np.ones((5, 3), np.float32), track=False)
+
+
+def test_map_tracking_on_device(device, straight_drive):
+    """The pose-less path on each device (on CUDA: the fused Triton kernel, poses on the host): accurate
+    poses, CPU float64 results, and a state_dict round trip that continues (to float rounding: CUDA
+    atomics in the voxel moments are not bit-reproducible)."""
+    scans, _, gt = straight_drive
+    scans = [torch.from_numpy(sc[::2]).to(device) for sc in scans[:6]]
+    m = Map(1.0, layers=("tsdf",), device=device)
+    res = _map_run(m, scans[:4])
+    twin = Map.from_state_dict(*m.state_dict(), device=device)
+    a, b = _map_run(m, scans[4:]), _map_run(twin, scans[4:])
+    for i, r in enumerate(res + a):
+        T = r["T_world_sensor"]
+        assert T.device.type == "cpu" and T.dtype == torch.float64
+        t_err, r_err = pose_error(T.numpy(), np.linalg.inv(gt[0]) @ gt[i])
+        assert t_err < 0.1 and r_err < 0.2, (i, t_err, r_err)
+    for ra, rb in zip(a, b, strict=True):
+        torch.testing.assert_close(ra["T_world_sensor"], rb["T_world_sensor"], atol=1e-5, rtol=0)
