@@ -444,6 +444,37 @@ def test_register_with_either_backend(backend, sim_scan):
     assert t_err <= 0.03 and r_err <= 0.15, (t_err, r_err)
 
 
+def test_icp_system_matches_numerical_gauss_newton():
+    """The Gauss-Newton sums against a numpy oracle whose Jacobians are finite differences of the residuals
+    under the update rule (``p = exp(dx) local + sensor``, exp from scipy)."""
+    rng = np.random.default_rng(12)
+    m = 50
+    local = rng.normal(size=(m, 3)) * 5
+    e = rng.normal(size=(m, 3)) * 0.1
+    n = rng.normal(size=(m, 3))
+    n /= np.linalg.norm(n, axis=1, keepdims=True)
+    beta, w = rng.random(m), rng.random(m)
+    r2 = rng.random(m)
+    t = torch.from_numpy
+    got = nn.system_from_pairs(t(local), t(e), t(n), t(beta), t(w), t(r2)).numpy()
+    q = local - e  # the matched map points (sensor at the origin)
+
+    def residuals(dx):  # point residual e(dx) for every pair
+        D = rigid(dx[3:], dx[:3])  # first order equal to exp(dx): enough for a derivative at 0
+        return local @ D[:3, :3].T + D[:3, 3] - q
+
+    h = 1e-6
+    J = np.stack(
+        [(residuals(h * np.eye(6)[k]) - residuals(-h * np.eye(6)[k])) / (2 * h) for k in range(6)], -1
+    )
+    Jp = np.einsum("mi,mij->mj", n, J)  # point-to-plane rows
+    H = np.einsum("m,mi,mj->ij", w * (1 - beta), Jp, Jp) + np.einsum("m,mki,mkj->ij", w * beta, J, J)
+    g = np.einsum("m,mi,m->i", w * (1 - beta), Jp, (n * e).sum(1)) + np.einsum("m,mki,mk->i", w * beta, J, e)
+    np.testing.assert_allclose(got[:21], H[np.triu_indices(6)], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[21:27], g, rtol=1e-6, atol=1e-6)
+    assert got[27] == m and got[28] == pytest.approx(r2.sum())
+
+
 @pytest.mark.parametrize("kernel", ["geman_mcclure", "huber", "none"])
 def test_icp_system_triton_equals_torch(device, kernel):
     """The fused Triton ICP iteration (search + residuals + weights + sums) against the torch reference
