@@ -73,7 +73,7 @@ def per_segment_walk(mode, o, d, t0, t1, s, rng=None, tau=0.0, weight=1.0, walk=
     """Coarse + fine pass with one accumulator brick per *segment* (rank = segment index), so the result
     identifies (ray, voxel) pairs: {(ray, i, j, k): value}."""
     seg_ray, seg_key = S.brick_segments_torch(o, d, t0, t1, 4 * s)
-    ok = seg_key >= 0
+    ok = seg_key >= 0  # without the padding
     seg_ray, seg_key = seg_ray[ok], seg_key[ok]
     bricks = S.keys_to_bricks(seg_key)
     rank = torch.arange(seg_key.numel(), dtype=torch.int32, device=o.device)
@@ -123,13 +123,40 @@ def case_rays(name, s, device="cpu", n=300):
 
 
 # ---------------------------------------------------------------------------- (a) torch vs brute force
+def _segments(seg_ray, seg_key):
+    """Sorted (ray, brick) rows without the padding (ray -1, key -1)."""
+    pad = seg_ray < 0
+    assert bool((seg_key[pad] == -1).all())
+    ok = ~pad
+    return sorted(zip(seg_ray[ok].tolist(), S.keys_to_bricks(seg_key[ok]).tolist(), strict=True))
+
+
 @pytest.mark.parametrize("name,s", CASES)
-def test_coarse_pass_is_the_brick_resolution_dda(name, s):
+@pytest.mark.parametrize("walk", ["suffix", "compact"])
+def test_coarse_pass_is_the_brick_resolution_dda(name, s, walk):
     o, d, t0, t1 = case_rays(name, s)
-    seg_ray, seg_key = S.brick_segments_torch(o, d, t0, t1, 4 * s)
-    got = sorted(zip(seg_ray.tolist(), S.keys_to_bricks(seg_key).tolist(), strict=True))
+    fn = S.brick_segments_torch if walk == "suffix" else S._brick_segments_compact
+    got = _segments(*fn(o, d, t0, t1, 4 * s))
     want = sorted((c[0], list(c[1:])) for c in dda_cells(o, d, t0, t1, 4 * s))
     assert got == want
+
+
+@pytest.mark.parametrize("name,s", CASES)
+def test_ray_bricks_bbox_holds_every_segment(name, s):
+    o, d, t0, t1 = case_rays(name, s)
+    seg_ray, seg_key = S.brick_segments_torch(o, d, t0, t1, 4 * s)
+    b = S.keys_to_bricks(seg_key[seg_key >= 0])
+    lo, hi = S.ray_bricks_bbox(o, d, t0, t1, 4 * s)
+    assert bool(((b >= lo) & (b <= hi)).all())
+
+
+def test_coarse_pass_outside_the_key_range():
+    """Cells outside the key range get key -1 (the general walk handles them)."""
+    o = torch.tensor([[4.0 * (S.BRICK_HI - 2) - 0.5, 0.5, 0.5]], dtype=torch.float64)
+    d = torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64)
+    seg_ray, seg_key = S.brick_segments_torch(o, d, torch.zeros(1, dtype=torch.float64), o[:, 0] * 0 + 9, 4.0)
+    assert seg_ray.tolist() == [0, 0, 0, 0]
+    assert (seg_key >= 0).tolist() == [True, True, True, False]  # bricks HI-5 .. HI-3, then HI
 
 
 @pytest.mark.parametrize("name,s", CASES)
@@ -167,14 +194,16 @@ def test_end_voxel_on_brick_boundary_by_hand():
 
 
 @pytest.mark.parametrize("dense", [True, False])
-def test_unique_brick_ranks(dense):
+@pytest.mark.parametrize("box", [False, True])
+def test_unique_brick_ranks(dense, box, backend):
     g = torch.Generator().manual_seed(3)
     a = torch.randint(-40, 40, (500, 3), generator=g)
     b = torch.randint(-40, 40, (70, 3), generator=g)
     b[::7] = S.BRICK_HI + 5  # outside the key range: -1
     ka, kb = S.brick_keys(a), S.brick_keys(b)
     ka[::11] = -1
-    bricks, (ra, rb) = S.unique_brick_ranks(ka, kb, max_dense_cells=(1 << 26) if dense else 0)
+    bbox = torch.tensor([[-40] * 3, [39] * 3]) if box else None
+    bricks, (ra, rb) = S.unique_brick_ranks(ka, kb, bbox=bbox, max_dense_cells=(1 << 26) if dense else 0)
     valid = torch.cat((ka, kb))
     valid = valid[valid >= 0]
     assert torch.equal(S.brick_keys(bricks), torch.unique(valid))
@@ -201,20 +230,12 @@ def test_triton_coarse_matches_torch(name, s, device, backend):
     from mapper.kernels.triton_segments import brick_segments_triton
 
     o, d, t0, t1 = case_rays(name, s, device, n=120)
-    r1, k1 = S.brick_segments_torch(o, d, t0, t1, 4 * s)
-    r2, k2 = brick_segments_triton(o, d, t0, t1, 4 * s)
-    pad = r2 < 0
-    assert bool((k2[pad] == -1).all())
-    assert sorted(zip(r1.tolist(), k1.tolist(), strict=True)) == sorted(
-        zip(r2[~pad].tolist(), k2[~pad].tolist(), strict=True)
-    )
+    got = _segments(*brick_segments_triton(o, d, t0, t1, 4 * s))
+    assert got == _segments(*S.brick_segments_torch(o, d, t0, t1, 4 * s))
     # one origin for all rays (an expanded [3] tensor, stride 0)
     oe = o[:1].expand(o.shape[0], 3)
-    r1, k1 = S.brick_segments_torch(oe, d, t0, t1, 4 * s)
-    r2, k2 = brick_segments_triton(oe, d, t0, t1, 4 * s)
-    assert sorted(zip(r1.tolist(), k1.tolist(), strict=True)) == sorted(
-        zip(r2[r2 >= 0].tolist(), k2[r2 >= 0].tolist(), strict=True)
-    )
+    got = _segments(*brick_segments_triton(oe, d, t0, t1, 4 * s))
+    assert got == _segments(*S.brick_segments_torch(oe, d, t0, t1, 4 * s))
 
 
 @pytest.mark.parametrize("name,s", CASES)

@@ -20,7 +20,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.segments import MISS, brick_keys, brick_segments, unique_brick_ranks, walk_segments
+from ..kernels.segments import (
+    MISS,
+    brick_keys,
+    brick_segments,
+    ray_bricks_bbox,
+    unique_brick_ranks,
+    walk_segments,
+)
 from ..layers import BrickLayer, FieldSpec, brick_offsets
 from .common import dda, in_key_range, keys_to_ijk, max_dda_steps, unique_voxels, voxel_keys
 from .tsdf import _slots_of
@@ -101,7 +108,8 @@ def integrate_rays(
         seg_ray, seg_key = brick_segments(o, dirs, zero, length, 4 * s)
         end = torch.floor((origin + dirs * length[:, None]) / s).to(torch.int64)  # the return's voxel
         end_key = torch.where(hit, brick_keys(end >> 2), -1)
-        bricks, (seg_rank, end_rank) = unique_brick_ranks(seg_key, end_key)
+        box = ray_bricks_bbox(o, dirs, zero, length, 4 * s)
+        bricks, (seg_rank, end_rank) = unique_brick_ranks(seg_key, end_key, bbox=box)
         u = bricks.shape[0]
         if u == 0:
             return 0

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.segments import BAND, brick_segments, unique_brick_ranks, walk_segments
+from ..kernels.segments import BAND, brick_segments, ray_bricks_bbox, unique_brick_ranks, walk_segments
 from ..layers import BrickLayer, FieldSpec, brick_local_coords, brick_offsets
 from .common import (
     chunked_rays,
@@ -185,7 +185,8 @@ def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Ten
         t1 = r + tau
         o = origin.to(torch.float64).expand(n, 3)
         seg_ray, seg_key = brick_segments(o, dirs, t0, t1, 4 * s)
-        bricks, (seg_rank,) = unique_brick_ranks(seg_key)
+        box = ray_bricks_bbox(o, dirs, t0, t1, 4 * s)
+        bricks, (seg_rank,) = unique_brick_ranks(seg_key, bbox=box)
         u = bricks.shape[0]
         if u == 0:
             return 0

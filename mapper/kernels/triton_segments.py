@@ -146,13 +146,14 @@ def brick_segments_triton(origins, dirs, t0, t1, cell: float):
 
 @triton.jit
 def _entry_axis(pe, d, s, lo):
-    """Per axis at the entry point: floor, the voxel before and after an exact boundary, inside flags."""
-    c = tl.floor(pe / s)
-    exact = (d != 0) & (c * s == pe)
-    c = c.to(tl.int64)
-    before = tl.where(exact & (d > 0), c - 1, c)
-    after = tl.where(exact & (d < 0), c - 1, c)
-    return c, before, after, (before >= lo) & (before <= lo + 3), (after >= lo) & (after <= lo + 3)
+    """Per axis at the entry point: floor, and whether it lies exactly on the brick's entry face or on
+    an interior voxel boundary."""
+    cf = tl.floor(pe / s)
+    exact = (d != 0) & (cf * s == pe)
+    c = cf.to(tl.int64)
+    entry_face = exact & (c == lo + tl.where(d < 0, 4, 0))
+    interior = exact & (c > lo) & (c < lo + 4)
+    return c, entry_face, interior
 
 
 @triton.jit
@@ -206,18 +207,16 @@ def _walk_kernel(
     tfy = tl.where(dy != 0, a + ((loy + tl.where(dy < 0, 4, 0)).to(tl.float64) * s - p0y) * iy, -_INF)
     tfz = tl.where(dz != 0, a + ((loz + tl.where(dz < 0, 4, 0)).to(tl.float64) * s - p0z) * iz, -_INF)
     t = tl.maximum(a, tl.maximum(tl.maximum(tfx, tfy), tfz))
-    # the brick's first voxel (see segments._entry_voxel): the first DDA state at the entry tie in the brick
-    cx, bx, ax, ibx, iax = _entry_axis(ox + dx * t, dx, s, lox)
-    cy, by, ay, iby, iay = _entry_axis(oy + dy * t, dy, s, loy)
-    cz, bz, az, ibz, iaz = _entry_axis(oz + dz * t, dz, s, loz)
-    in0 = ibx & iby & ibz
-    in1 = iax & iby & ibz
-    in2 = iax & iay & ibz
-    in3 = iax & iay & iaz
-    fall = ~(in0 | in1 | in2 | in3) | (t <= a)
-    vx = tl.where(fall, tl.minimum(tl.maximum(cx, lox), lox + 3), tl.where(in0, bx, ax))
-    vy = tl.where(fall, tl.minimum(tl.maximum(cy, loy), loy + 3), tl.where(in0 | in1, by, ay))
-    vz = tl.where(fall, tl.minimum(tl.maximum(cz, loz), loz + 3), tl.where(in3 & ~(in0 | in1 | in2), az, bz))
+    # the brick's first voxel (see segments._entry_voxel): floor at the entry point, clamped into the
+    # brick; a tied interior boundary is crossed when a later axis enters (the DDA steps x, y, z)
+    entered = t > a
+    cx, efx, inx = _entry_axis(ox + dx * t, dx, s, lox)
+    cy, efy, iny = _entry_axis(oy + dy * t, dy, s, loy)
+    cz, efz, inz = _entry_axis(oz + dz * t, dz, s, loz)
+    stx = efy | efz
+    vx = tl.minimum(tl.maximum(cx, lox), lox + 3) - (entered & inx & ((dx > 0) ^ stx)).to(tl.int64)
+    vy = tl.minimum(tl.maximum(cy, loy), loy + 3) - (entered & iny & ((dy > 0) ^ efz)).to(tl.int64)
+    vz = tl.minimum(tl.maximum(cz, loz), loz + 3) - (entered & inz & (dz > 0)).to(tl.int64)
     px = tl.where(dx > 0, 1, 0).to(tl.int64)
     py = tl.where(dy > 0, 1, 0).to(tl.int64)
     pz = tl.where(dz > 0, 1, 0).to(tl.int64)
@@ -305,3 +304,56 @@ def walk_segments_triton(
         BLOCK=_BLOCK_WALK,
         enable_fp_fusion=False,
     )
+
+
+@triton.jit
+def _dense_flat_kernel(
+    key_ptr,  # int64 [n]
+    flat_ptr,  # int32 [n]
+    seen_ptr,  # uint8 [cells + 1]
+    n,
+    l0,
+    l1,
+    l2,
+    e0,
+    e1,
+    e2,
+    cells,
+    KBITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    k = tl.load(key_ptr + i, mask=m, other=-1)
+    mk = (1 << KBITS) - 1
+    ci = ((k >> (2 * KBITS)) & mk) - l0
+    cj = ((k >> KBITS) & mk) - l1
+    ck = (k & mk) - l2
+    ok = (k >= 0) & (ci >= 0) & (ci < e0) & (cj >= 0) & (cj < e1) & (ck >= 0) & (ck < e2)
+    f = tl.where(ok, (ci * e1 + cj) * e2 + ck, cells)
+    tl.store(flat_ptr + i, f.to(tl.int32), mask=m)
+    tl.store(seen_ptr + f, tl.full((BLOCK,), 1, tl.uint8), mask=m)
+
+
+def dense_flat_triton(keys: torch.Tensor, lo, ext, cells: int, seen: torch.Tensor) -> torch.Tensor:
+    """int32 row-major index of each key's brick in the box ``lo + [0, ext)`` (``cells`` for ``-1`` keys
+    and keys outside the box), and ``seen[index] = 1``: one pass (see ``segments.unique_brick_ranks``)."""
+    n = keys.numel()
+    flat = torch.empty(n, dtype=torch.int32, device=keys.device)
+    if n:
+        _dense_flat_kernel[(triton.cdiv(n, 1024),)](
+            keys.contiguous(),
+            flat,
+            seen,
+            n,
+            int(lo[0]) + KEY_BIAS,
+            int(lo[1]) + KEY_BIAS,
+            int(lo[2]) + KEY_BIAS,
+            int(ext[0]),
+            int(ext[1]),
+            int(ext[2]),
+            int(cells),
+            KBITS=KEY_BITS,
+            BLOCK=1024,
+        )
+    return flat
