@@ -23,10 +23,12 @@ by :func:`mapper.kernels.dispatch.use_triton`. Both do the same float64 operatio
 Exactness against a voxel-resolution DDA (``dda_torch``): the coarse walk is the same DDA with a 4x cell,
 whose boundaries ``(b + pos) * 4s`` equal the voxel boundaries ``(4b + 4 pos) * s`` exactly (scaling by a
 power of two commutes with rounding); the fine walk starts at the voxel where the ray enters the brick
-(slab entry, clamped into the brick) and computes each boundary crossing as ``t0 + (boundary - p0) / d``
-from the ray's start, where the reference accumulates ``tmax += tdelta``. The two differ only when a ray
-passes within rounding (~1e-15 relative) of a voxel edge or ends there; the tests check equality on
-random, axis-aligned and boundary-ending rays.
+(slab entry; at exact ties the state the DDA's x-y-z tie order reaches), computes that voxel's boundary
+crossings as ``t0 + (boundary - p0) / d`` from the ray's start and then accumulates ``+ s / |d|`` per
+step as the reference does. In a ray's first brick this is the reference's arithmetic exactly; later it
+differs in the last bits, which changes a voxel only when a ray passes within rounding (~1e-15
+relative) of a voxel edge or ends there. The tests check equality on random, axis-aligned and
+exactly-tied rays with ends on brick boundaries.
 """
 
 from __future__ import annotations

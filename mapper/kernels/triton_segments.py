@@ -223,6 +223,10 @@ def _walk_kernel(
     sx = tl.where(dx > 0, 1, tl.where(dx < 0, -1, 0)).to(tl.int64)
     sy = tl.where(dy > 0, 1, tl.where(dy < 0, -1, 0)).to(tl.int64)
     sz = tl.where(dz > 0, 1, tl.where(dz < 0, -1, 0)).to(tl.int64)
+    # the DDA from the brick's first voxel: crossings t0 + (boundary - p0) / d, then + s / |d| per step
+    tdx = s * tl.abs(ix)
+    tdy = s * tl.abs(iy)
+    tdz = s * tl.abs(iz)
     tmx = tl.where(dx != 0, a + ((vx + px).to(tl.float64) * s - p0x) * ix, _INF)
     tmy = tl.where(dy != 0, a + ((vy + py).to(tl.float64) * s - p0y) * iy, _INF)
     tmz = tl.where(dz != 0, a + ((vz + pz).to(tl.float64) * s - p0z) * iz, _INF)
@@ -254,9 +258,9 @@ def _walk_kernel(
             vx += tl.where(mx, sx, 0)
             vy += tl.where(my, sy, 0)
             vz += tl.where(mz, sz, 0)
-            tmx = tl.where(mx, a + ((vx + px).to(tl.float64) * s - p0x) * ix, tmx)
-            tmy = tl.where(my, a + ((vy + py).to(tl.float64) * s - p0y) * iy, tmy)
-            tmz = tl.where(mz, a + ((vz + pz).to(tl.float64) * s - p0z) * iz, tmz)
+            tmx += tl.where(mx, tdx, 0.0)
+            tmy += tl.where(my, tdy, 0.0)
+            tmz += tl.where(mz, tdz, 0.0)
 
 
 def walk_segments_triton(
