@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.dispatch import use_triton
 from ..kernels.segments import BAND, brick_segments, ray_bricks_bbox, unique_brick_ranks, walk_segments
 from ..layers import BrickLayer, FieldSpec, brick_local_coords, brick_offsets
 from .common import (
@@ -253,6 +254,23 @@ def integrate_depth(
 
 
 def _project_update(layer, bricks, slots, depth, K, T, color, cfg, max_range_m) -> int:
+    """Projective update of every voxel of the frame's bricks (returns the voxels updated): one Triton
+    launch on CUDA (``mapper.kernels.triton_project``), the torch reference elsewhere."""
+    if use_triton(depth.device) and layer.pool.capacity > 0:
+        return _project_update_triton(layer, bricks, slots, depth, K, T, color, cfg, max_range_m)
+    return _project_update_torch(layer, bricks, slots, depth, K, T, color, cfg, max_range_m)
+
+
+def _project_update_triton(layer, bricks, slots, depth, K, T, color, cfg, max_range_m) -> int:
+    from ..kernels.triton_project import project_update_launch
+
+    tau, s = cfg.tau, cfg.voxel_size_m
+    return project_update_launch(
+        layer.pool, bricks, slots, depth, K, T, color, tau, s, max_range_m, cfg.obs_weight, cfg.max_weight
+    )
+
+
+def _project_update_torch(layer, bricks, slots, depth, K, T, color, cfg, max_range_m) -> int:
     h, w = depth.shape
     s, tau = cfg.voxel_size_m, cfg.tau
     R, t = T[:3, :3], T[:3, 3]

@@ -18,11 +18,9 @@ import triton.language as tl
 
 
 @triton.jit
-def _element_address(ptrs_ptr, starts_ptr, n_pages, i, m, slots_ptr, offs_ptr, ety, C, PER, HAS_OFF, N_ITER):
-    row = i // (PER * C)
-    rem = i % (PER * C)
-    slot = tl.load(slots_ptr + row, mask=m, other=0)
-    # largest page p with starts[p] <= slot (binary search; N_ITER >= log2(n_pages) + 1)
+def page_of(starts_ptr, n_pages, slot, m, N_ITER: tl.constexpr):
+    """(page, first slot of the page) of int64 slots: the largest p with starts[p] <= slot (binary search;
+    ``N_ITER >= log2(n_pages) + 1``)."""
     lo = tl.zeros_like(slot)
     hi = tl.zeros_like(slot) + n_pages
     for _ in tl.static_range(N_ITER):
@@ -31,8 +29,22 @@ def _element_address(ptrs_ptr, starts_ptr, n_pages, i, m, slots_ptr, offs_ptr, e
         go = tl.load(starts_ptr + mid, mask=m & open_, other=0) <= slot
         lo = tl.where(open_ & go, mid, lo)
         hi = tl.where(open_ & ~go, mid, hi)
-    start = tl.load(starts_ptr + lo, mask=m, other=0)
-    base = tl.load(ptrs_ptr + lo, mask=m, other=0).to(tl.pointer_type(ety))
+    return lo, tl.load(starts_ptr + lo, mask=m, other=0)
+
+
+@triton.jit
+def page_base(ptrs_ptr, page, m, ety: tl.constexpr):
+    """Typed pointer to the first element of ``page`` of a field (its page table holds int64 addresses)."""
+    return tl.load(ptrs_ptr + page, mask=m, other=0).to(tl.pointer_type(ety))
+
+
+@triton.jit
+def _element_address(ptrs_ptr, starts_ptr, n_pages, i, m, slots_ptr, offs_ptr, ety, C, PER, HAS_OFF, N_ITER):
+    row = i // (PER * C)
+    rem = i % (PER * C)
+    slot = tl.load(slots_ptr + row, mask=m, other=0)
+    page, start = page_of(starts_ptr, n_pages, slot, m, N_ITER)
+    base = page_base(ptrs_ptr, page, m, ety)
     if HAS_OFF:
         voxel = tl.load(offs_ptr + row, mask=m, other=0)
     else:
@@ -108,7 +120,7 @@ def _paged_scatter_kernel(
     tl.store(addr, tl.load(val_ptr + i, mask=m), mask=m)
 
 
-def _n_iter(n_pages: int) -> int:
+def n_iter(n_pages: int) -> int:
     # a power-of-two bucket of the page count: few compiled variants as the pool grows
     return max(1, (max(1, n_pages) - 1).bit_length() + 1)
 
@@ -131,7 +143,7 @@ def paged_gather(ptrs, starts, slots, offsets, dtype, trailing: tuple[int, ...])
         of = sl if offsets is None else offsets.to(torch.int64).contiguous()
         _paged_gather_kernel[(triton.cdiv(total, block),)](
             ptrs, starts, ptrs.numel(), sl, of, out, total, C=c, PER=per, HAS_OFF=offsets is not None,
-            N_ITER=_n_iter(ptrs.numel()), BLOCK=block,
+            N_ITER=n_iter(ptrs.numel()), BLOCK=block,
         )  # fmt: skip
     return out
 
@@ -150,5 +162,5 @@ def paged_scatter(ptrs, starts, slots, offsets, values: torch.Tensor) -> None:
     of = sl if offsets is None else offsets.to(torch.int64).contiguous()
     _paged_scatter_kernel[(triton.cdiv(total, block),)](
         ptrs, starts, ptrs.numel(), sl, of, v, total, C=c, PER=per, HAS_OFF=offsets is not None,
-        N_ITER=_n_iter(ptrs.numel()), BLOCK=block,
+        N_ITER=n_iter(ptrs.numel()), BLOCK=block,
     )  # fmt: skip
