@@ -51,6 +51,7 @@ import torch
 
 from ..errors import InvalidArgument, InvalidArgumentType
 from ..grid import IndexGrid
+from ..kernels.dispatch import use_triton
 from ..layers import BrickLayer, FieldSpec, brick_in_leaf, brick_local_coords, brick_offsets
 from .common import keys_to_ijk, voxel_keys
 
@@ -280,6 +281,15 @@ def _line_layout(bricks: torch.Tensor, axis: int, pad: int, rows: int):
 
 
 def _window_min(f: torch.Tensor, w: int) -> torch.Tensor:
+    """:func:`_window_min_torch`; one Triton launch on CUDA (``mapper.kernels.triton_minplus``)."""
+    if use_triton(f.device):
+        from ..kernels.triton_minplus import window_min_triton
+
+        return window_min_triton(f, w)
+    return _window_min_torch(f, w)
+
+
+def _window_min_torch(f: torch.Tensor, w: int) -> torch.Tensor:
     """``min_{|d| <= w} f[p + d] + d^2`` over a float32 slot chunk that starts with ``w`` empty slots and
     whose lines are each followed by ``>= w`` empty slots (inf), so shifted slices never mix lines. The
     first and last ``w`` results are garbage (empty slots)."""
