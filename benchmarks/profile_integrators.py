@@ -39,8 +39,45 @@ def run(m: Map, kind: str, f) -> None:
         m.integrate_depth(f[0], f[1], f[2])
 
 
+def profile_esdf(vs: float, frames: int, rows: int) -> None:
+    """ESDF cold (every brick dirty) on a LiDAR TSDF map: wall time, launches, syncs, top kernels."""
+    from mapper.integrators.esdf import EsdfIntegrator
+
+    dev = torch.device("cuda")
+    m = Map(vs, layers=("tsdf", "esdf"), device=dev, max_range_m=60.0)
+    for f in frames_for("lidar", frames, dev):
+        run(m, "lidar", f)
+    m.update_esdf()
+
+    def cold():
+        m._esdf = EsdfIntegrator(m.voxel_size_m, m.esdf_max_distance_m, m.device)
+        m._dirty_bricks = [m._tsdf.brick_table()[0]]
+        m.update_esdf()
+
+    cold()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    cold()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3
+    n = m.stats()["layers"]["esdf"]["voxels"]
+    print(f"\n=== esdf cold {vs}: {wall:.1f} ms for {n:,} ESDF voxels")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        cold()
+        torch.cuda.synchronize()
+    ev = prof.key_averages()
+    launches = sum(e.count for e in ev if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"))
+    syncs = sum(
+        e.count for e in ev if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync")
+    )
+    print(f"per frame: {launches} kernel launches, {syncs} memcpy/sync calls")
+    print(ev.table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70))
+
+
 def profile_case(case: str, frames: int, rows: int) -> None:
     name, vs = case.split(":")
+    if name == "esdf":
+        return profile_esdf(float(vs), frames, rows)
     kind, layer = name.split("-")
     dev = torch.device("cuda")
     fr = frames_for(kind, frames + 6, dev)
