@@ -72,7 +72,7 @@ def dyadic_rays(device="cpu"):
 def per_segment_walk(mode, o, d, t0, t1, s, rng=None, tau=0.0, weight=1.0, walk=S.walk_segments_torch):
     """Coarse + fine pass with one accumulator brick per *segment* (rank = segment index), so the result
     identifies (ray, voxel) pairs: {(ray, i, j, k): value}."""
-    seg_ray, seg_key = S.brick_segments_torch(o, d, t0, t1, 4 * s)
+    seg_ray, seg_key, _ = S.brick_segments_torch(o, d, t0, t1, 4 * s)
     ok = seg_key >= 0  # without the padding
     seg_ray, seg_key = seg_ray[ok], seg_key[ok]
     bricks = S.keys_to_bricks(seg_key)
@@ -123,10 +123,13 @@ def case_rays(name, s, device="cpu", n=300):
 
 
 # ---------------------------------------------------------------------------- (a) torch vs brute force
-def _segments(seg_ray, seg_key):
-    """Sorted (ray, brick) rows without the padding (ray -1, key -1)."""
+def _segments(seg_ray, seg_key, box):
+    """Sorted (ray, brick) rows without the padding (ray -1, key -1); checks the box holds them."""
     pad = seg_ray < 0
     assert bool((seg_key[pad] == -1).all())
+    b = S.keys_to_bricks(seg_key[seg_key >= 0])
+    lo, hi = (torch.tensor(x, device=b.device) for x in box)
+    assert bool(((b >= lo) & (b <= hi)).all())
     ok = ~pad
     return sorted(zip(seg_ray[ok].tolist(), S.keys_to_bricks(seg_key[ok]).tolist(), strict=True))
 
@@ -144,7 +147,7 @@ def test_coarse_pass_is_the_brick_resolution_dda(name, s, walk):
 @pytest.mark.parametrize("name,s", CASES)
 def test_ray_bricks_bbox_holds_every_segment(name, s):
     o, d, t0, t1 = case_rays(name, s)
-    seg_ray, seg_key = S.brick_segments_torch(o, d, t0, t1, 4 * s)
+    seg_ray, seg_key, _ = S.brick_segments_torch(o, d, t0, t1, 4 * s)
     b = S.keys_to_bricks(seg_key[seg_key >= 0])
     lo, hi = S.ray_bricks_bbox(o, d, t0, t1, 4 * s)
     assert bool(((b >= lo) & (b <= hi)).all())
@@ -154,7 +157,9 @@ def test_coarse_pass_outside_the_key_range():
     """Cells outside the key range get key -1 (the general walk handles them)."""
     o = torch.tensor([[4.0 * (S.BRICK_HI - 2) - 0.5, 0.5, 0.5]], dtype=torch.float64)
     d = torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64)
-    seg_ray, seg_key = S.brick_segments_torch(o, d, torch.zeros(1, dtype=torch.float64), o[:, 0] * 0 + 9, 4.0)
+    seg_ray, seg_key, _ = S.brick_segments_torch(
+        o, d, torch.zeros(1, dtype=torch.float64), o[:, 0] * 0 + 9, 4.0
+    )
     assert seg_ray.tolist() == [0, 0, 0, 0]
     assert (seg_key >= 0).tolist() == [True, True, True, False]  # bricks HI-5 .. HI-3, then HI
 
@@ -252,8 +257,8 @@ def test_triton_walk_matches_torch(name, s, mode, device, backend):
     for a, b in zip(out1, out2, strict=True):
         assert torch.equal(a, b)
     # shared (unique) bricks: flags equal, sums equal to float tolerance (atomics add in any order)
-    seg_ray, seg_key = S.brick_segments_torch(o, d, t0, t1, 4 * s)
-    bricks, (rank,) = S.unique_brick_ranks(seg_key)
+    seg_ray, seg_key, box = S.brick_segments_torch(o, d, t0, t1, 4 * s)
+    bricks, (rank,) = S.unique_brick_ranks(seg_key, bbox=box)
     outs = []
     for walk in (S.walk_segments_torch, walk_segments_triton):
         u = bricks.shape[0] * 64

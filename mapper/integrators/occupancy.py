@@ -24,7 +24,6 @@ from ..kernels.segments import (
     MISS,
     brick_keys,
     brick_segments,
-    ray_bricks_bbox,
     unique_brick_ranks,
     walk_segments,
 )
@@ -96,7 +95,7 @@ def integrate_rays(
     timer,
 ) -> int:
     """Carve rays from ``origin`` (float64 ``[3]``) along unit ``dirs`` (``[R, 3]``) up to ``length``
-    (``[R]``); rays with ``hit`` end in an occupied voxel. Returns the number of voxels updated."""
+    (``[R]``); rays with ``hit`` end in an occupied voxel. Returns the number of bricks updated."""
     n = dirs.shape[0]
     if n == 0:
         return 0
@@ -105,10 +104,9 @@ def integrate_rays(
     with timer("grow"):
         o = origin.to(torch.float64).expand(n, 3)
         zero = torch.zeros_like(length)
-        seg_ray, seg_key = brick_segments(o, dirs, zero, length, 4 * s)
+        seg_ray, seg_key, box = brick_segments(o, dirs, zero, length, 4 * s)
         end = torch.floor((origin + dirs * length[:, None]) / s).to(torch.int64)  # the return's voxel
         end_key = torch.where(hit, brick_keys(end >> 2), -1)
-        box = ray_bricks_bbox(o, dirs, zero, length, 4 * s)
         bricks, (seg_rank, end_rank) = unique_brick_ranks(seg_key, end_key, bbox=box)
         u = bricks.shape[0]
         if u == 0:
@@ -125,7 +123,7 @@ def integrate_rays(
         step = (1 << 13) if dev.type == "cpu" else (1 << 16)
         for c0 in range(0, u, step):
             apply_flags(layer, slots[c0 : c0 + step], flags[c0 : c0 + step], cfg)
-    return int((flags != 0).sum())
+    return u
 
 
 def apply_flags(layer: BrickLayer, slots: torch.Tensor, flags: torch.Tensor, cfg: OccupancyConfig) -> None:

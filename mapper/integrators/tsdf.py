@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.dispatch import use_triton
-from ..kernels.segments import BAND, brick_segments, ray_bricks_bbox, unique_brick_ranks, walk_segments
+from ..kernels.segments import BAND, brick_segments, unique_brick_ranks, walk_segments
 from ..layers import BrickLayer, FieldSpec, brick_local_coords, brick_offsets
 from .common import (
     chunked_rays,
@@ -172,7 +172,7 @@ def update_bricks(layer: BrickLayer, slots: torch.Tensor, obs_sum: torch.Tensor,
 
 def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Tensor, cfg: TsdfConfig, timer):
     """One LiDAR frame (world points, float64 origin ``[3]``) into a TSDF layer; returns the number of
-    voxels updated."""
+    bricks updated."""
     n = points_w.shape[0]
     if n == 0:
         return 0
@@ -185,8 +185,7 @@ def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Ten
         t0 = (r - tau).clamp(min=0.0)
         t1 = r + tau
         o = origin.to(torch.float64).expand(n, 3)
-        seg_ray, seg_key = brick_segments(o, dirs, t0, t1, 4 * s)
-        box = ray_bricks_bbox(o, dirs, t0, t1, 4 * s)
+        seg_ray, seg_key, box = brick_segments(o, dirs, t0, t1, 4 * s)
         bricks, (seg_rank,) = unique_brick_ranks(seg_key, bbox=box)
         u = bricks.shape[0]
         if u == 0:
@@ -198,8 +197,7 @@ def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Ten
         )
         del seg_ray, seg_key, seg_rank
         sdf_sum, w_sum = sdf_sum.view(u, 64), w_sum.view(u, 64)
-        seen = w_sum > 0
-        keep = seen.any(dim=1).nonzero().squeeze(1)  # bricks with samples (sync: their count)
+        keep = (w_sum > 0).any(dim=1).nonzero().squeeze(1)  # bricks with samples (sync: their count)
         if keep.numel() == 0:
             return 0
         if keep.numel() < u:
@@ -213,7 +211,7 @@ def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Ten
             sl = slice(c0, c0 + step)
             rows = sl if all_kept else keep[sl]
             update_bricks(layer, slots[sl], sdf_sum[rows], w_sum[rows], cfg)
-    return int(seen.sum())
+    return int(keep.numel())
 
 
 def _integrate_lidar_reference(layer: BrickLayer, origin, points_w, cfg: TsdfConfig, timer):

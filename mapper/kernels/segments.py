@@ -87,8 +87,9 @@ def brick_segments_torch(
     ``t in [t0, t1]``: the cells of :func:`dda_torch` with ``tent < t1`` (and the first when ``t0 <= t1``).
 
     Args: float64 ``[R, 3]`` origins (may be an expanded ``[3]``) and unit dirs, float64 ``[R]`` t0/t1.
-    Returns: (int32 ``[M]`` ray of each segment, int64 ``[M]`` brick key, ``-1`` outside the key range).
-    Rows with ray ``-1`` (and key ``-1``) are padding.
+    Returns: (int32 ``[M]`` ray of each segment, int64 ``[M]`` brick key, ``-1`` outside the key range;
+    ``[[lo], [hi]]``: a box of bricks holding them all, see :func:`ray_bricks_bbox`). Rows with ray ``-1``
+    (and key ``-1``) are padding.
 
     The rays step together, sorted by their cell count ``sum |b1 - b0| + 1`` (exact up to rounding), so
     the rays still walking at step k are a suffix (views, no compaction); a ray gets one step of slack
@@ -98,7 +99,7 @@ def brick_segments_torch(
     dev = dirs.device
     n = dirs.shape[0]
     if n == 0:
-        return torch.zeros(0, dtype=torch.int32, device=dev), torch.zeros(0, dtype=torch.int64, device=dev)
+        return _no_segments(dev)
     o = origins.expand(n, 3) if origins.dim() == 1 else origins
     v, step, tmax, tdelta = _dda_setup(o, dirs, t0, cell)
     b1 = torch.floor((o + dirs * t1[:, None]) / cell).to(torch.int64)
@@ -107,6 +108,7 @@ def brick_segments_torch(
     cap = ((b1 - v).abs().sum(dim=1) + 1) * first
     vals = torch.cat((box.reshape(-1), cap.max().reshape(1))).tolist()  # one sync
     cmax = int(vals[6])
+    box = [vals[0:3], vals[3:6]]
     if min(vals[:6]) < BRICK_LO or max(vals[:6]) >= BRICK_HI:
         return _brick_segments_compact(o, dirs, t0, t1, cell)
     order = torch.argsort(cap, stable=True)
@@ -144,12 +146,12 @@ def brick_segments_torch(
         key[lo:] += (dkey[:, lo:] * m).sum(0)
     if bool(overrun):  # a rounding overshoot past the slack (never seen): the general walk
         return _brick_segments_compact(o, dirs, t0, t1, cell)
-    return torch.cat(rays_out), torch.cat(keys_out)
+    return torch.cat(rays_out), torch.cat(keys_out), box
 
 
 def _brick_segments_compact(origins, dirs, t0, t1, cell):
     """:func:`brick_segments_torch` by a DDA over an active set (finished rays dropped after every step);
-    handles any ray (cells outside the key range get key ``-1``)."""
+    handles any ray (cells outside the key range get key ``-1``). No padding rows."""
     dev = dirs.device
     n = dirs.shape[0]
     rays_out, keys_out = [], []
@@ -177,11 +179,16 @@ def _brick_segments_compact(origins, dirs, t0, t1, cell):
                 idx = alive.nonzero().squeeze(1)
                 ray, v, step, tmax, tdelta, e = (x[idx] for x in (ray, v, step, tmax, tdelta, e))
     if not rays_out:
-        return torch.zeros(0, dtype=torch.int32, device=dev), torch.zeros(0, dtype=torch.int64, device=dev)
-    return torch.cat(rays_out), torch.cat(keys_out)
+        return _no_segments(dev)
+    return torch.cat(rays_out), torch.cat(keys_out), ray_bricks_bbox(origins, dirs, t0, t1, cell).tolist()
 
 
-def brick_segments(origins, dirs, t0, t1, cell: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _no_segments(dev):
+    z = torch.zeros(0, dtype=torch.int64, device=dev)
+    return z.to(torch.int32), z, [[0] * 3, [-1] * 3]
+
+
+def brick_segments(origins, dirs, t0, t1, cell: float):
     """:func:`brick_segments_torch`, or its Triton kernel (one launch, CSR output) where Triton runs."""
     if dirs.shape[0] and use_triton(dirs.device):
         from .triton_segments import brick_segments_triton
@@ -239,18 +246,20 @@ def unique_brick_ranks(
     """The distinct bricks of int64 key tensors (``-1`` = none) and every key's rank among them.
 
     Returns (int64 ``[U, 3]`` bricks sorted by key, [int32 rank per key, ``-1`` for ``-1`` keys]).
-    ``bbox`` (int64 ``[2, 3]``, optional): a box of bricks known to hold every key's brick (e.g.
-    :func:`ray_bricks_bbox`; on the dense path a key outside it gets rank -1); by default the keys' own
-    box. Dense path (the box has at most
-    ``max_dense_cells`` cells and not many more than the keys): a bitmap and a rank table over the box
-    (linear, no sort; on CUDA one Triton pass marks the bitmap); otherwise ``torch.unique``. One host
-    sync for the box, one for the brick count.
+    ``bbox`` (``[[lo], [hi]]`` or an int64 ``[2, 3]`` tensor, optional): a box of bricks known to hold
+    every key's brick (e.g. the one :func:`brick_segments` returns; on the dense path a key outside it
+    gets rank -1); by default the keys' own box. Dense path (the box has at most ``max_dense_cells``
+    cells and not many more than the keys): a bitmap and a rank table over the box (linear, no sort; on
+    CUDA one Triton pass marks the bitmap); otherwise ``torch.unique``. Host syncs: the brick count (and
+    the box when it is a tensor).
     """
     dev = keys[0].device
     n = sum(k.numel() for k in keys)
     if n == 0:
         return _no_bricks(dev, keys)
-    lo, hi = (_keys_bbox(keys) if bbox is None else bbox).tolist()  # sync
+    if bbox is None:
+        bbox = _keys_bbox(keys)
+    lo, hi = bbox.tolist() if isinstance(bbox, torch.Tensor) else bbox  # sync (a tensor box)
     if any(a > b for a, b in zip(lo, hi, strict=True)):  # no valid key
         return _no_bricks(dev, keys)
     ext = [b - a + 1 for a, b in zip(lo, hi, strict=True)]
@@ -271,10 +280,9 @@ def unique_brick_ranks(
         table = torch.empty(cells + 1, dtype=torch.int32, device=dev)
         table[idx] = torch.arange(idx.numel(), dtype=torch.int32, device=dev)
         table[cells] = -1
-        lo_t = torch.tensor(lo, dtype=torch.int64, device=dev)
         a = idx // (ext[1] * ext[2])
         r = idx % (ext[1] * ext[2])
-        bricks = torch.stack((a, r // ext[2], r % ext[2]), dim=1) + lo_t
+        bricks = torch.stack((a + lo[0], r // ext[2] + lo[1], r % ext[2] + lo[2]), dim=1)
         return bricks, [table.index_select(0, f) for f in flats]
     allk = torch.cat(keys)
     uk, inv = torch.unique(allk, return_inverse=True)

@@ -99,7 +99,8 @@ def _coarse_kernel(
 
 
 def brick_segments_triton(origins, dirs, t0, t1, cell: float):
-    """Same contract as :func:`mapper.kernels.segments.brick_segments_torch` (rows may be padding)."""
+    """Same contract as :func:`mapper.kernels.segments.brick_segments_torch`; ray ``r`` owns rows
+    ``start[r] .. start[r + 1]``, the unused ones padding."""
     n = dirs.shape[0]
     dev = dirs.device
     o = origins.to(torch.float64)
@@ -118,10 +119,14 @@ def brick_segments_triton(origins, dirs, t0, t1, cell: float):
     cap = torch.where(a <= e, cap, torch.ones_like(cap))
     start = torch.zeros(n + 1, dtype=torch.int64, device=dev)
     torch.cumsum(cap, 0, out=start[1:])
-    total, cmax = torch.stack((start[-1], cap.max())).tolist()  # one sync: output size + loop bound
+    lo = torch.minimum(b0.amin(dim=0), b1.amin(dim=0)) - 1  # the bricks' box (see ray_bricks_bbox)
+    hi = torch.maximum(b0.amax(dim=0), b1.amax(dim=0)) + 1
+    box = torch.stack((lo, hi)).clamp(BRICK_LO, BRICK_HI - 1).to(torch.int64)
+    vals = torch.cat((box.reshape(-1), start[-1:], cap.max().reshape(1))).tolist()  # the one sync
+    total, cmax = vals[6], vals[7]
     seg_ray = torch.empty(total, dtype=torch.int32, device=dev)
     seg_key = torch.empty(total, dtype=torch.int64, device=dev)
-    prm = torch.tensor([float(cell)], dtype=torch.float64, device=dev)
+    prm = torch.full((1,), float(cell), dtype=torch.float64, device=dev)
     _coarse_kernel[(triton.cdiv(n, _BLOCK_COARSE),)](
         o,
         o.stride(0),
@@ -141,7 +146,7 @@ def brick_segments_triton(origins, dirs, t0, t1, cell: float):
         BHI=BRICK_HI,
         enable_fp_fusion=False,
     )
-    return seg_ray, seg_key
+    return seg_ray, seg_key, [vals[0:3], vals[3:6]]
 
 
 @triton.jit
@@ -280,7 +285,8 @@ def walk_segments_triton(
     a = t0.to(torch.float64).contiguous()
     e = t1.to(torch.float64).contiguous()
     rg = rng.to(torch.float64).contiguous() if mode == BAND else a
-    prm = torch.tensor([float(voxel_size), float(tau)], dtype=torch.float64, device=dirs.device)
+    prm = torch.full((2,), float(voxel_size), dtype=torch.float64, device=dirs.device)
+    prm[1] = float(tau)
     if mode == MISS:
         (flags,) = out
         out_a = out_b = flags
