@@ -379,12 +379,25 @@ def _reference(kind, s, frames, key, monkeypatch):
     return _REFERENCE[key]
 
 
+def _budget(chunked, rows, monkeypatch):
+    """A small segment budget: the frames are cut into ray chunks (two coarse passes)."""
+    if chunked:
+        for dev in ("cpu", "cuda"):
+            monkeypatch.setitem(S.SEGMENT_BUDGET, dev, rows)
+
+
 @pytest.mark.parametrize("s", [0.25, 0.12])
-def test_occupancy_equals_reference(street_frames, s, device, backend, monkeypatch):
+@pytest.mark.parametrize("chunked", [False, True])
+def test_occupancy_equals_reference(street_frames, s, chunked, device, backend, monkeypatch):
     frames, step = _frames(street_frames, device, backend, s, monkeypatch)
+    _budget(chunked, 40000 // step, monkeypatch)
     cfg = occ.OccupancyConfig(s)
     new = BrickLayer(occ.occupancy_fields(), device)
     for origin, world in frames:
+        if chunked:
+            dirs, rng, _ = _occupancy_rays(origin, world)
+            o = origin.expand(rng.numel(), 3)
+            assert len(S.FrameSegments(o, dirs, rng * 0, rng, 4 * s).ranges) > 1
         assert occ.integrate_rays(new, origin, *_occupancy_rays(origin, world), cfg, _NO_TIMER) > 0
     monkeypatch.setenv("MAPPER_KERNELS", "torch")  # the comparison (voxel views) is not under test
     g1, d1 = new.voxel_view(["log_odds"])
@@ -397,11 +410,19 @@ def test_occupancy_equals_reference(street_frames, s, device, backend, monkeypat
 
 
 @pytest.mark.parametrize("s", [0.2, 0.1])
-def test_lidar_tsdf_equals_reference(street_frames, s, device, backend, monkeypatch):
+@pytest.mark.parametrize("chunked", [False, True])
+def test_lidar_tsdf_equals_reference(street_frames, s, chunked, device, backend, monkeypatch):
     frames, step = _frames(street_frames, device, backend, s, monkeypatch)
+    _budget(chunked, 10000 // step, monkeypatch)
     cfg = tsdf.TsdfConfig(s, obs_weight=0.7, max_weight=1.2)
     new = BrickLayer(tsdf.tsdf_fields(cfg), device)
     for origin, world in frames:
+        if chunked:
+            r = torch.linalg.vector_norm(world - origin, dim=1)
+            o = origin.expand(r.numel(), 3)
+            t0, t1 = (r - cfg.tau).clamp(min=0), r + cfg.tau
+            frame = S.FrameSegments(o, (world - origin) / r[:, None], t0, t1, 4 * s, max_length=2 * cfg.tau)
+            assert len(frame.ranges) > 1
         assert tsdf.integrate_lidar(new, origin, world, cfg, _NO_TIMER) > 0
     monkeypatch.setenv("MAPPER_KERNELS", "torch")  # the comparison (voxel views) is not under test
     g1, d1 = new.voxel_view(["tsdf", "weight"])

@@ -20,13 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.segments import (
-    MISS,
-    brick_keys,
-    brick_segments,
-    unique_brick_ranks,
-    walk_segments,
-)
+from ..kernels.segments import MISS, FrameSegments, brick_keys, walk_segments
 from ..layers import BrickLayer, FieldSpec, brick_offsets
 from .common import dda, in_key_range, keys_to_ijk, max_dda_steps, unique_voxels, voxel_keys
 from .tsdf import _slots_of
@@ -104,16 +98,17 @@ def integrate_rays(
     with timer("grow"):
         o = origin.to(torch.float64).expand(n, 3)
         zero = torch.zeros_like(length)
-        seg_ray, seg_key, box = brick_segments(o, dirs, zero, length, 4 * s)
         end = torch.floor((origin + dirs * length[:, None]) / s).to(torch.int64)  # the return's voxel
         end_key = torch.where(hit, brick_keys(end >> 2), -1)
-        bricks, (seg_rank, end_rank) = unique_brick_ranks(seg_key, end_key, bbox=box)
+        frame = FrameSegments(o, dirs, zero, length, 4 * s, extra_keys=(end_key,))
+        bricks, (end_rank,) = frame.bricks, frame.extra_ranks
         u = bricks.shape[0]
         if u == 0:
             return 0
         flags = torch.zeros(u * 64 + 1, dtype=torch.uint8, device=dev)  # + a sink for rays without a hit
-        walk_segments(MISS, o, dirs, zero, length, None, seg_ray, seg_rank, bricks, s, (flags,))
-        del seg_ray, seg_key, seg_rank
+        for seg_ray, seg_rank in frame.segments():
+            walk_segments(MISS, o, dirs, zero, length, None, seg_ray, seg_rank, bricks, s, (flags,))
+        del frame, seg_ray, seg_rank
         hit_at = torch.where(end_rank >= 0, end_rank.to(torch.int64) * 64 + brick_offsets(end), u * 64)
         flags[hit_at] = 2  # after the misses: a hit wins within the frame
         flags = flags[: u * 64].view(u, 64)

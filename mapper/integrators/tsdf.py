@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.dispatch import use_triton
-from ..kernels.segments import BAND, brick_segments, unique_brick_ranks, walk_segments
+from ..kernels.segments import BAND, FrameSegments, walk_segments
 from ..layers import BrickLayer, FieldSpec, brick_local_coords, brick_offsets
 from .common import (
     chunked_rays,
@@ -185,17 +185,17 @@ def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Ten
         t0 = (r - tau).clamp(min=0.0)
         t1 = r + tau
         o = origin.to(torch.float64).expand(n, 3)
-        seg_ray, seg_key, box = brick_segments(o, dirs, t0, t1, 4 * s)
-        bricks, (seg_rank,) = unique_brick_ranks(seg_key, bbox=box)
+        frame = FrameSegments(o, dirs, t0, t1, 4 * s, max_length=2 * tau)
+        bricks = frame.bricks
         u = bricks.shape[0]
         if u == 0:
             return 0
         sdf_sum = torch.zeros(u * 64, dtype=torch.float32, device=dev)
         w_sum = torch.zeros(u * 64, dtype=torch.float32, device=dev)
-        walk_segments(
-            BAND, o, dirs, t0, t1, r, seg_ray, seg_rank, bricks, s, (sdf_sum, w_sum), tau, cfg.obs_weight
-        )
-        del seg_ray, seg_key, seg_rank
+        for seg_ray, seg_rank in frame.segments():
+            sums = (sdf_sum, w_sum)
+            walk_segments(BAND, o, dirs, t0, t1, r, seg_ray, seg_rank, bricks, s, sums, tau, cfg.obs_weight)
+        del frame, seg_ray, seg_rank
         sdf_sum, w_sum = sdf_sum.view(u, 64), w_sum.view(u, 64)
         keep = (w_sum > 0).any(dim=1).nonzero().squeeze(1)  # bricks with samples (sync: their count)
         if keep.numel() == 0:

@@ -49,6 +49,8 @@ WALK_STEPS = 10  # voxels of a 4^3 brick one straight segment can cross: 3 * 4 -
 MISS, BAND = 0, 1  # walk modes: occupancy miss flags, LiDAR TSDF band sums
 CPU_RAYS = 1 << 17  # rays per batch of the torch coarse walk on the CPU (per-step temporaries ~3 MB)
 CPU_SEGMENTS = 1 << 17  # segments per chunk of the torch fine walk on the CPU
+# segment rows per coarse pass (12 B each, + 4 B of rank): frames with more are split into ray chunks
+SEGMENT_BUDGET = {"cuda": 1 << 24, "cpu": 1 << 23}
 
 
 # ------------------------------------------------------------------------------------------------ keys
@@ -195,6 +197,87 @@ def brick_segments(origins, dirs, t0, t1, cell: float):
 
         return brick_segments_triton(origins, dirs, t0, t1, cell)
     return brick_segments_torch(origins, dirs, t0, t1, cell)
+
+
+# ---------------------------------------------------------------------------------------------- frame
+def _cap_bound(length: float, cell: float) -> int:
+    """Rows the coarse pass may give a segment of ``length``: cells crossed + the Triton kernel's margin."""
+    return 3 * (math.ceil(length / cell) + 1) + 4
+
+
+class FrameSegments:
+    """The coarse pass and the unique bricks of one frame, with memory bounded by ray chunks.
+
+    ``bricks`` (int64 ``[U, 3]``, sorted by key) are the bricks of all segments and of ``extra_keys``
+    (e.g. the bricks of the returns), ``extra_ranks`` the ranks of the extra keys, and
+    :meth:`segments` yields ``(seg_ray, seg_rank)`` (int32, global ray indices) per chunk for
+    :func:`walk_segments`. When the rows the coarse pass may produce exceed ``budget`` (estimated per ray
+    as ``sum |b1 - b0| + 4``; skipped when ``max_length`` bounds it), the rays are cut into chunks: a
+    first pass collects each chunk's bricks, the frame's bricks are their union, and :meth:`segments`
+    runs each chunk's coarse pass again, ranking its keys by a binary search in the frame's keys.
+    """
+
+    def __init__(self, origins, dirs, t0, t1, cell: float, extra_keys=(), budget=None, max_length=None):
+        n = dirs.shape[0]
+        dev = dirs.device
+        self.args = (origins, dirs, t0, t1, cell)
+        budget = SEGMENT_BUDGET["cuda" if dev.type == "cuda" else "cpu"] if budget is None else budget
+        if max_length is not None and n * _cap_bound(max_length, cell) <= budget:
+            self.ranges = [(0, n)]
+        else:
+            self.ranges = _ray_chunks(origins, dirs, t0, t1, cell, budget)
+        if len(self.ranges) == 1:
+            seg_ray, seg_key, box = brick_segments(origins, dirs, t0, t1, cell)
+            self.bricks, ranks = unique_brick_ranks(seg_key, *extra_keys, bbox=box)
+            self._single = (seg_ray, ranks[0])
+            self.extra_ranks = ranks[1:]
+            return
+        keys, los, his = [], [], []
+        for a, b in self.ranges:
+            _, seg_key, box = brick_segments(*_rays(self.args, a, b))
+            chunk_bricks, _ = unique_brick_ranks(seg_key, bbox=box)
+            keys.append(brick_keys(chunk_bricks))
+            los.append(box[0])
+            his.append(box[1])
+        box = [[min(x) for x in zip(*los, strict=True)], [max(x) for x in zip(*his, strict=True)]]
+        self.bricks, ranks = unique_brick_ranks(torch.cat(keys), *extra_keys, bbox=box)
+        self.extra_ranks = ranks[1:]
+        self._keys = brick_keys(self.bricks)
+
+    def segments(self):
+        if len(self.ranges) == 1:
+            seg = self._single
+            self._single = None
+            yield seg
+            return
+        for a, b in self.ranges:
+            seg_ray, seg_key, _ = brick_segments(*_rays(self.args, a, b))
+            pos = torch.searchsorted(self._keys, seg_key).clamp(max=max(self._keys.numel() - 1, 0))
+            found = (seg_key >= 0) & (self._keys[pos] == seg_key)
+            yield (
+                torch.where(seg_ray >= 0, seg_ray + a, -1).to(torch.int32),
+                torch.where(found, pos, -1).to(torch.int32),
+            )
+
+
+def _rays(args, a, b):
+    origins, dirs, t0, t1, cell = args
+    return origins[a:b], dirs[a:b], t0[a:b], t1[a:b], cell
+
+
+def _ray_chunks(origins, dirs, t0, t1, cell, budget) -> list[tuple[int, int]]:
+    """Contiguous ray ranges whose estimated coarse rows (``sum |b1 - b0| + 4`` per ray) fit ``budget``
+    (a single ray may exceed it). One host sync (two when the frame is split)."""
+    n = dirs.shape[0]
+    b0 = torch.floor((origins + dirs * t0[:, None]) / cell)
+    b1 = torch.floor((origins + dirs * t1[:, None]) / cell)
+    csum = torch.cumsum((b1 - b0).abs().sum(dim=1).to(torch.int64) + 4, 0)
+    total = int(csum[-1])
+    if total <= budget:
+        return [(0, n)]
+    marks = torch.arange(1, -(-total // budget), device=dirs.device, dtype=torch.int64) * budget
+    cuts = [0, *sorted(set(torch.searchsorted(csum, marks, right=True).tolist())), n]
+    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
 
 
 # ---------------------------------------------------------------------------------------------- unique
@@ -467,7 +550,11 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight):
         return
     idx = torch.cat(parts_i).to(torch.int64)
     if mode == MISS:
-        out[0].scatter_reduce_(0, idx, torch.cat(parts_v), reduce="amax")
+        hit = torch.cat(parts_v)  # 1 for crossed voxels, 0 for finished rows (their idx is 0)
+        if idx.device.type == "cpu":  # max with 0 leaves a flag as it is: no compaction
+            out[0].scatter_reduce_(0, idx, hit, reduce="amax")
+        else:
+            out[0].index_fill_(0, idx[hit.bool()], 1)
     else:
         out[0].index_add_(0, idx, torch.cat(parts_v))
         out[1].index_add_(0, idx, torch.cat(parts_w))
