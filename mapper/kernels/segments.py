@@ -50,7 +50,7 @@ MISS, BAND = 0, 1  # walk modes: occupancy miss flags, LiDAR TSDF band sums
 CPU_RAYS = 1 << 17  # rays per batch of the torch coarse walk on the CPU (per-step temporaries ~3 MB)
 CPU_SEGMENTS = 1 << 17  # segments per chunk of the torch fine walk on the CPU
 # segment rows per coarse pass (12 B each, + 4 B of rank): frames with more are split into ray chunks
-SEGMENT_BUDGET = {"cuda": 1 << 24, "cpu": 1 << 23}
+SEGMENT_BUDGET = {"cuda": 1 << 25, "cpu": 1 << 23}
 
 
 # ------------------------------------------------------------------------------------------------ keys
