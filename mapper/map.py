@@ -20,6 +20,7 @@ from .grid import IndexGrid
 from .integrators import occupancy as occ
 from .integrators import tsdf
 from .integrators.common import check_color, check_depth, check_intrinsics, check_points, check_pose
+from .kernels.dispatch import use_triton
 from .layers import BrickLayer, brick_offsets
 from .mesh import Mesh, extract_mesh, mesh_since
 from .registration import Odometry, OdometryConfig
@@ -533,6 +534,14 @@ class Map:
         False (then the map is only read: a service keeps the ESDF current in its writer)."""
         esdf = self._esdf_current(update_esdf)
         p = Q.check_query_points("points_world", points_world, self.device)
+        if use_triton(self.device) and esdf.layer.grid.num_leaves and esdf.layer.pool.capacity:
+            from .kernels.triton_query import distance_launch  # one launch; same values as below
+
+            s, md = self.voxel_size_m, self.esdf_max_distance_m
+            return distance_launch(p, s, md, esdf.layer, self._tsdf, self._occ)
+        return self._query_distance_torch(esdf, p)
+
+    def _query_distance_torch(self, esdf, p: torch.Tensor):
         s, md = self.voxel_size_m, self.esdf_max_distance_m
         ijk, frac, ok, vals, present = Q.gather_corners(esdf.layer, p, s, ["esdf", "observed"], [md, 0.0])
         d = vals["esdf"]
