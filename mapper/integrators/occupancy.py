@@ -96,7 +96,7 @@ def integrate_rays(
     s = cfg.voxel_size_m
     dev = dirs.device
     with timer("grow"):
-        o = origin.to(torch.float64).expand(n, 3)
+        o = origin.to(torch.float64).contiguous().expand(n, 3)  # one origin: stride 0
         zero = torch.zeros_like(length)
         end = torch.floor((origin + dirs * length[:, None]) / s).to(torch.int64)  # the return's voxel
         end_key = torch.where(hit, brick_keys(end >> 2), -1)

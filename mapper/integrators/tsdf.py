@@ -37,7 +37,7 @@ from .common import (
 
 # bricks per chunk of the running-average update (bounded float32 temporaries: 8 B x 64 x chunk each)
 UPDATE_BRICKS_CPU = 1 << 13
-UPDATE_BRICKS_GPU = 1 << 16
+UPDATE_BRICKS_GPU = 1 << 15
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Ten
         dirs = d / r[:, None]
         t0 = (r - tau).clamp(min=0.0)
         t1 = r + tau
-        o = origin.to(torch.float64).expand(n, 3)
+        o = origin.to(torch.float64).contiguous().expand(n, 3)  # one origin: stride 0
         frame = FrameSegments(o, dirs, t0, t1, 4 * s, max_length=2 * tau)
         bricks = frame.bricks
         u = bricks.shape[0]
