@@ -293,7 +293,7 @@ for mode, o in ((0, "*u8"), (1, "*fp32")):
     sig = dict(o_ptr="*fp64", o_stride="i32", d_ptr="*fp64", t0_ptr="*fp64", t1_ptr="*fp64", rng_ptr="*fp64",
                ray_ptr="*i32", rank_ptr="*i32", bricks_ptr="*i32", prm_ptr="*fp64", out_a=o, out_b=o,
                n="i32", weight="fp32", MODE="constexpr", STEPS="constexpr", BLOCK="constexpr")
-    ptx = build(T._walk_kernel, sig, {"MODE": mode, "STEPS": 10, "BLOCK": 256})
+    ptx = build(T._walk_kernel, sig, {"MODE": mode, "STEPS": 10, "BLOCK": 128})
     print("walk", mode, "fma.rn.f64" in ptx, "sqrt.rn.f64" in ptx, "atom." in ptx)
 """
 
