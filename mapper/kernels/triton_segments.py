@@ -9,6 +9,8 @@ lazily: triton is optional).
   and the interpreter needs constant loop bounds); rows past a ray's capacity are not stored.
 * ``_walk_kernel`` (one program per ``BLOCK`` segments): up to 10 voxels per segment, unrolled; occupancy
   stores a byte flag (plain stores: every writer writes 1), the TSDF band two float32 ``atomic_add``.
+* ``_dense_flat_kernel`` (the dense path of ``unique_brick_ranks``): each key's cell in the bricks' box
+  and the box's bitmap, in one pass.
 
 Float scalars reach kernels as fp32 when passed as Python floats, so voxel size, cell and tau travel in a
 float64 tensor. Both kernels are compiled with ``enable_fp_fusion=False``: no FMA contraction, the same
