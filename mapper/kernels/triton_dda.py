@@ -32,11 +32,12 @@ def _dda_kernel(
     tent_ptr,
     valid_ptr,
     n,
-    cell,
+    cell_ptr,
     S,
     S_BOUND: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    cell = tl.load(cell_ptr)  # float64 from memory: a Python float argument would arrive as float32
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = r < n
     ox = tl.load(o_ptr + r * 3 + 0, mask=m, other=0.0)
@@ -91,7 +92,7 @@ def dda_kernel_launch(origins, dirs, t0, t1, cell: float, max_steps: int):
             tent,
             valid.view(torch.int8),
             n,
-            float(cell),
+            torch.tensor([float(cell)], dtype=torch.float64).to(dev, non_blocking=True),
             int(max_steps),
             S_BOUND=1 << max(0, int(max_steps) - 1).bit_length(),
             BLOCK=block,
