@@ -10,13 +10,14 @@ import json
 import random
 
 import pytest
-import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from test_service_helpers import TOKEN, frame_bytes, wait_ready
 
 from mapper.api import create_app
 from mapper.settings import Settings
+
+schemathesis = pytest.importorskip("schemathesis")  # a dev extra: absent on the GPU machine
 
 MAX_EXAMPLES = 20
 

@@ -14,8 +14,39 @@ import triton
 import triton.language as tl
 
 from .keys import TILE_AXIS_BITS, TILE_BIAS, VOXEL_LIMIT
-from .triton_ops import _find_tile, _leaf_in_tile, _n_iter
-from .triton_paged import n_iter, page_base, page_of
+from .triton_ops import _leaf_in_tile, _n_iter
+from .triton_paged import n_iter, page_base
+
+
+@triton.jit
+def _find_tile_loop(tkeys_ptr, n_tiles, key, valid, N_ITER: tl.constexpr):
+    """``triton_ops._find_tile`` with a rolled loop (this kernel calls it 24 times: unrolled, the compile
+    took over a minute)."""
+    lo = tl.zeros(key.shape, tl.int64)
+    hi = tl.zeros(key.shape, tl.int64) + n_tiles
+    for _ in range(N_ITER):
+        mid = (lo + hi) >> 1
+        live = lo < hi
+        km = tl.load(tkeys_ptr + mid, mask=live & valid, other=0)
+        right = km < key
+        lo = tl.where(live & right, mid + 1, lo)
+        hi = tl.where(live & (~right), mid, hi)
+    kf = tl.load(tkeys_ptr + lo, mask=valid & (lo < n_tiles), other=-1)
+    return tl.where(valid & (lo < n_tiles) & (kf == key), lo, -1)
+
+
+@triton.jit
+def _page_of_loop(starts_ptr, n_pages, slot, m, N_ITER: tl.constexpr):
+    """``triton_paged.page_of`` with a rolled loop."""
+    lo = tl.zeros_like(slot)
+    hi = tl.zeros_like(slot) + n_pages
+    for _ in range(N_ITER):
+        mid = (lo + hi) // 2
+        open_ = hi - lo > 1
+        go = tl.load(starts_ptr + mid, mask=m & open_, other=0) <= slot
+        lo = tl.where(open_ & go, mid, lo)
+        hi = tl.where(open_ & ~go, mid, hi)
+    return lo, tl.load(starts_ptr + lo, mask=m, other=0)
 
 
 @triton.jit
@@ -24,14 +55,14 @@ def _lookup(i, j, k, valid, tkeys, tmask, tstart, n_tiles, slots_ptr, pstarts, n
     """(present, page, element index in the page) of voxels (i, j, k) in a brick layer."""
     ok = valid & (i >= -LIMIT) & (i < LIMIT) & (j >= -LIMIT) & (j < LIMIT) & (k >= -LIMIT) & (k < LIMIT)
     tkey = (((i >> 5) + BIAS) << (2 * AXB)) | (((j >> 5) + BIAS) << AXB) | ((k >> 5) + BIAS)
-    t = _find_tile(tkeys, n_tiles, tkey, ok, NT)
+    t = _find_tile_loop(tkeys, n_tiles, tkey, ok, NT)
     pos = (((i >> 3) & 3) << 4) | (((j >> 3) & 3) << 2) | ((k >> 3) & 3)
     leaf = _leaf_in_tile(t, pos, tmask, tstart)
     has = leaf >= 0
     b = (((i >> 2) & 1) << 2) | (((j >> 2) & 1) << 1) | ((k >> 2) & 1)
     slot = tl.load(slots_ptr + leaf * 8 + b, mask=has, other=-1).to(tl.int64)
     has = has & (slot >= 0)
-    page, start = page_of(pstarts, n_pages, slot, has, NP)
+    page, start = _page_of_loop(pstarts, n_pages, slot, has, NP)
     local = (slot - start) * 64 + ((((i & 3) << 4) | ((j & 3) << 2)) | (k & 3))
     return has, page, local
 
@@ -83,7 +114,7 @@ def _distance_kernel(
     gy = tl.zeros([BLOCK], tl.float64)
     gz = tl.zeros([BLOCK], tl.float64)
     allobs = ok
-    for c in tl.static_range(8):
+    for c in range(8):  # rolled: one copy of the lookups in the binary (compile time)
         i = ix + ((c >> 2) & 1)
         j = iy + ((c >> 1) & 1)
         k = iz + (c & 1)
