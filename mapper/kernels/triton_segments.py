@@ -24,23 +24,11 @@ import triton
 import triton.language as tl
 
 from .segments import BAND, BRICK_HI, BRICK_LO, KEY_BIAS, KEY_BITS, MISS, WALK_STEPS
+from .triton_dda import _axis_setup  # the same per-axis DDA set-up as the voxel traversal
 
 _INF = tl.constexpr(float("inf"))
 _BLOCK_COARSE = 128  # 68 registers, no spills
 _BLOCK_WALK = 128  # one segment per thread (4 warps): ~90 registers, no spills (ptxas, sm_90)
-
-
-@triton.jit
-def _axis_setup(o, d, t0, cell):
-    p = o + d * t0
-    v = tl.floor(p / cell)
-    b = (v + tl.where(d > 0, 1.0, 0.0)) * cell
-    nz = d != 0
-    inv = tl.where(nz, 1.0 / tl.where(nz, d, 1.0), _INF)
-    tm = tl.where(nz, t0 + (b - p) * inv, _INF)
-    td = tl.where(nz, cell * tl.abs(inv), _INF)
-    st = tl.where(d > 0, 1, tl.where(d < 0, -1, 0)).to(tl.int64)
-    return v.to(tl.int64), tm, td, st
 
 
 @triton.jit
