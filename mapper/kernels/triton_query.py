@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .keys import TILE_AXIS_BITS, TILE_BIAS, VOXEL_LIMIT
 from .triton_ops import _leaf_in_tile, _n_iter
-from .triton_paged import n_iter, page_base
+from .triton_paged import n_iter, page_base, page_of
 
 
 @triton.jit
@@ -36,20 +36,6 @@ def _find_tile_loop(tkeys_ptr, n_tiles, key, valid, N_ITER: tl.constexpr):
 
 
 @triton.jit
-def _page_of_loop(starts_ptr, n_pages, slot, m, N_ITER: tl.constexpr):
-    """``triton_paged.page_of`` with a rolled loop."""
-    lo = tl.zeros_like(slot)
-    hi = tl.zeros_like(slot) + n_pages
-    for _ in range(N_ITER):
-        mid = (lo + hi) // 2
-        open_ = hi - lo > 1
-        go = tl.load(starts_ptr + mid, mask=m & open_, other=0) <= slot
-        lo = tl.where(open_ & go, mid, lo)
-        hi = tl.where(open_ & ~go, mid, hi)
-    return lo, tl.load(starts_ptr + lo, mask=m, other=0)
-
-
-@triton.jit
 def _lookup(i, j, k, valid, tkeys, tmask, tstart, n_tiles, slots_ptr, pstarts, n_pages, NT: tl.constexpr,
             NP: tl.constexpr, LIMIT: tl.constexpr, BIAS: tl.constexpr, AXB: tl.constexpr):  # fmt: skip
     """(present, page, element index in the page) of voxels (i, j, k) in a brick layer."""
@@ -62,7 +48,7 @@ def _lookup(i, j, k, valid, tkeys, tmask, tstart, n_tiles, slots_ptr, pstarts, n
     b = (((i >> 2) & 1) << 2) | (((j >> 2) & 1) << 1) | ((k >> 2) & 1)
     slot = tl.load(slots_ptr + leaf * 8 + b, mask=has, other=-1).to(tl.int64)
     has = has & (slot >= 0)
-    page, start = _page_of_loop(pstarts, n_pages, slot, has, NP)
+    page, start = page_of(pstarts, n_pages, slot, has, NP)
     local = (slot - start) * 64 + ((((i & 3) << 4) | ((j & 3) << 2)) | (k & 3))
     return has, page, local
 
