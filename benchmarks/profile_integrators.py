@@ -39,6 +39,20 @@ def run(m: Map, kind: str, f) -> None:
         m.integrate_depth(f[0], f[1], f[2])
 
 
+def report(fn, frames: int, rows: int) -> None:
+    """Profile ``fn`` (``frames`` frames): launches and syncs per frame, then the top kernels."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    ev = prof.key_averages()
+    launches = sum(e.count for e in ev if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"))
+    syncs = sum(
+        e.count for e in ev if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync")
+    )
+    print(f"per frame: {launches / frames:.0f} kernel launches, {syncs / frames:.0f} memcpy/sync calls")
+    print(ev.table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70))
+
+
 def profile_esdf(vs: float, frames: int, rows: int) -> None:
     """ESDF cold (every brick dirty) on a LiDAR TSDF map: wall time, launches, syncs, top kernels."""
     from mapper.integrators.esdf import EsdfIntegrator
@@ -62,16 +76,7 @@ def profile_esdf(vs: float, frames: int, rows: int) -> None:
     wall = (time.perf_counter() - t0) * 1e3
     n = m.stats()["layers"]["esdf"]["voxels"]
     print(f"\n=== esdf cold {vs}: {wall:.1f} ms for {n:,} ESDF voxels")
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        cold()
-        torch.cuda.synchronize()
-    ev = prof.key_averages()
-    launches = sum(e.count for e in ev if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"))
-    syncs = sum(
-        e.count for e in ev if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync")
-    )
-    print(f"per frame: {launches} kernel launches, {syncs} memcpy/sync calls")
-    print(ev.table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70))
+    report(cold, 1, rows)
 
 
 def profile_case(case: str, frames: int, rows: int) -> None:
@@ -96,17 +101,7 @@ def profile_case(case: str, frames: int, rows: int) -> None:
     med = {k: round(statistics.median(v), 3) for k, v in stages.items()}
     wall = statistics.median(times)
     print(f"\n=== {case}: wall median {wall:.2f} ms/frame over {len(times)}; stages {med}")
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for f in fr[frames : frames + 5]:
-            run(m, kind, f)
-        torch.cuda.synchronize()
-    ev = prof.key_averages()
-    launches = sum(e.count for e in ev if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"))
-    syncs = sum(
-        e.count for e in ev if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync")
-    )
-    print(f"per frame: {launches / 5:.0f} kernel launches, {syncs / 5:.0f} memcpy/sync calls")
-    print(ev.table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70))
+    report(lambda: [run(m, kind, f) for f in fr[frames : frames + 5]], 5, rows)
 
 
 def main():
