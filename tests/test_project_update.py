@@ -45,7 +45,7 @@ def test_triton_matches_torch_reference(device, backend, with_color):
             bricks = tsdf.depth_band_bricks(depth, K.to(device), T.to(device), cfg, 6.0)
             slots = layer.allocate(bricks)
             col = color if with_color else None
-            counts.append(fn(layer, bricks, slots, depth, K.to(device), T.to(device), col, cfg, 6.0))
+            counts.append(int(fn(layer, bricks, slots, depth, K.to(device), T.to(device), col, cfg, 6.0)))
         assert len(layer.pool.page_starts) > 3
         grid, f = layer.voxel_view(list(layer.pool.fields))
         maps.append((counts, grid.ijk.cpu(), {k: v.cpu() for k, v in f.items()}))

@@ -239,8 +239,9 @@ def integrate_depth(
     cfg: TsdfConfig,
     max_range_m: float,
     timer,
-) -> int:
-    """One depth frame (metres, 0 = no return) into a TSDF layer (and its colour fields)."""
+) -> int | torch.Tensor:
+    """One depth frame (metres, 0 = no return) into a TSDF layer (and its colour fields); returns the voxels
+    updated (see :func:`_project_update`)."""
     with timer("grow"):
         bricks = depth_band_bricks(depth, K, T, cfg, max_range_m)
         if bricks.shape[0] == 0:
@@ -251,15 +252,16 @@ def integrate_depth(
         return _project_update(layer, bricks, slots, depth, K, T, color, cfg, max_range_m)
 
 
-def _project_update(layer, bricks, slots, depth, K, T, color, cfg, max_range_m) -> int:
-    """Projective update of every voxel of the frame's bricks (returns the voxels updated): one Triton
-    launch on CUDA (``mapper.kernels.triton_project``), the torch reference elsewhere."""
+def _project_update(layer, bricks, slots, depth, K, T, color, cfg, max_range_m) -> int | torch.Tensor:
+    """Projective update of every voxel of the frame's bricks; returns the voxels updated (an int, or on the
+    Triton path a 0-dim device tensor, so the frame needs no host sync for it): one Triton launch on CUDA
+    (``mapper.kernels.triton_project``), the torch reference elsewhere."""
     if use_triton(depth.device) and layer.pool.capacity > 0:
         return _project_update_triton(layer, bricks, slots, depth, K, T, color, cfg, max_range_m)
     return _project_update_torch(layer, bricks, slots, depth, K, T, color, cfg, max_range_m)
 
 
-def _project_update_triton(layer, bricks, slots, depth, K, T, color, cfg, max_range_m) -> int:
+def _project_update_triton(layer, bricks, slots, depth, K, T, color, cfg, max_range_m) -> torch.Tensor:
     from ..kernels.triton_project import project_update_launch
 
     tau, s = cfg.tau, cfg.voxel_size_m

@@ -86,9 +86,9 @@ def _project_kernel(
     tl.atomic_add(count_ptr, tl.sum(upd.to(tl.int64), axis=0))
 
 
-def project_update_launch(pool, bricks, slots, depth, K, T, color, tau, s, max_range, obs_w, max_w) -> int:
+def project_update_launch(pool, bricks, slots, depth, K, T, color, tau, s, max_range, obs_w, max_w):
     """Launch the kernel over the ``[B]`` bricks (int64 ``[B, 3]``) and their slots; returns the number of
-    voxels updated (one device-to-host copy)."""
+    voxels updated as a 0-dim device tensor (no host sync unless the caller reads it)."""
     nb = bricks.shape[0]
     dev = depth.device
     count = torch.zeros(1, dtype=torch.int64, device=dev)
@@ -112,4 +112,4 @@ def project_update_launch(pool, bricks, slots, depth, K, T, color, tau, s, max_r
         pool.page_start_table(), n_pages, pt("tsdf"), pt("weight"), cpt, cwpt,
         count, HAS_COLOR=has_color, N_ITER=n_iter(n_pages), BLOCK=block,
     )  # fmt: skip
-    return int(count)
+    return count[0]
