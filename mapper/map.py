@@ -534,11 +534,12 @@ class Map:
         False (then the map is only read: a service keeps the ESDF current in its writer)."""
         esdf = self._esdf_current(update_esdf)
         p = Q.check_query_points("points_world", points_world, self.device)
-        if use_triton(self.device) and esdf.layer.grid.num_leaves and esdf.layer.pool.capacity:
-            from .kernels.triton_query import distance_launch  # one launch; same values as below
+        if use_triton(self.device):
+            from .kernels.triton_query import distance_launch, usable  # one launch; same values as below
 
-            s, md = self.voxel_size_m, self.esdf_max_distance_m
-            return distance_launch(p, s, md, esdf.layer, self._tsdf, self._occ)
+            if usable(esdf.layer):
+                s, md = self.voxel_size_m, self.esdf_max_distance_m
+                return distance_launch(p, s, md, esdf.layer, self._tsdf, self._occ)
         return self._query_distance_torch(esdf, p)
 
     def _query_distance_torch(self, esdf, p: torch.Tensor):
