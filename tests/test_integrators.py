@@ -294,14 +294,16 @@ def test_clear_and_clear_outside(device):
         c = (g.ijk.double() + 0.5) * 0.1
         key = "weight" if name == "tsdf" else "log_odds"
         obs = d[key] > 0 if name == "tsdf" else ~torch.isnan(d[key])
-        inside = ((c >= torch.tensor([3.0, -5, -5])) & (c <= torch.tensor([10.0, 5, 5]))).all(1)
+        lo = torch.tensor([3.0, -5, -5], dtype=c.dtype, device=c.device)
+        hi = torch.tensor([10.0, 5, 5], dtype=c.dtype, device=c.device)
+        inside = ((c >= lo) & (c <= hi)).all(1)
         assert int((obs & inside.to(obs.device)).sum()) == 0
         assert int(obs.sum()) > 0
     m.clear_outside([0.0, 0.0, 0.0], 2.0)
     g, d = m.layer("tsdf")
     c = (g.ijk.double() + 0.5) * 0.1
-    obs = (d["weight"] > 0).cpu()
-    assert (torch.linalg.vector_norm(c[obs], dim=1) <= 2.0 + 1e-9).all()
+    obs = d["weight"] > 0
+    assert (torch.linalg.vector_norm(c[obs.to(c.device)], dim=1) <= 2.0 + 1e-9).all()
     m.clear()
     assert m.layer("tsdf")[0].num_voxels == 0 and m.layer("occupancy")[0].num_voxels == 0
     with pytest.raises(InvalidArgument, match="aabb_min"):
