@@ -18,6 +18,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import secrets
 import threading
 import time
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 from .. import wire
-from ..errors import Conflict, InvalidArgument, MapperError, NotFound
+from ..errors import Conflict, InvalidArgument, InvalidArgumentType, MapperError, NotFound
 from ..map import Map
 from ..persistence import DataDir, MapDir, Snapshot, load_snapshot_bytes
 from ..settings import Settings
@@ -178,6 +179,7 @@ class MapEntry:
         self.closed = False
         self.task: asyncio.Task | None = None
         self.stats_time = 0.0
+        self.quarantined: list[dict] = []  # notes of WAL records that failed on replay (MapDir.quarantine)
 
     # ------------------------------------------------------------------------------ async interface
     def start(self) -> None:
@@ -186,6 +188,8 @@ class MapEntry:
     def _op(self, kind: str, args, record: bytes | None = None) -> Op:
         if self.closed:
             raise NotFound(f"map {self.id!r} is being deleted or the service is stopping")
+        if kind == "frame" and args.T_world_sensor is not None:
+            self.map.check_sensor_pose(args.T_world_sensor)  # inside the map's range, before it is logged
         rec = record if record is not None else encode_record(kind, args)
         return Op(kind, args, rec, asyncio.get_running_loop().create_future())
 
@@ -279,6 +283,11 @@ class MapEntry:
                 continue
             if f.T_world_sensor is None:
                 self.metrics.stage.labels("registration").observe(time.perf_counter() - t)
+                try:
+                    self.map.check_sensor_pose(T)  # an estimate that left the map's range is not logged
+                except MapperError as e:
+                    op.error = e
+                    continue
                 f.T_world_sensor = T.cpu().numpy().copy()
                 f.pose_estimated = True
                 op.registration = info
@@ -454,12 +463,16 @@ def _jsonable(obj):
     return obj
 
 
-def recover_map(mdir: MapDir, device) -> tuple[Map, dict, Snapshot | None, int, int]:
+def recover_map(
+    mdir: MapDir, device, quarantined: list | None = None
+) -> tuple[Map, dict, Snapshot | None, int, int]:
     """Load a map from its directory: the newest snapshot, then the WAL records after it (a torn tail is
-    truncated). Returns (map, info, snapshot or None, last seq, records replayed)."""
+    truncated). A record that fails (any exception) is quarantined (``MapDir.quarantine``: kept aside with
+    its error, appended to ``quarantined`` as ``(seq, error)``) and replay goes on: one bad record never
+    makes a map unrecoverable. Returns (map, info, snapshot or None, last seq, records replayed)."""
     from ..persistence import load_snapshot_file
 
-    info = mdir.read_info()
+    info = check_info(mdir.read_info(), mdir.id)
     snap = mdir.latest_snapshot()
     if snap is not None:
         tensors, meta = load_snapshot_file(snap.path)
@@ -468,13 +481,20 @@ def recover_map(mdir: MapDir, device) -> tuple[Map, dict, Snapshot | None, int, 
         m = Map(**info["config"], device=device)
     last = snap.seq if snap is not None else 0
     replayed = 0
-    unlimited = wire.Limits(1 << 62, 1 << 62, 1 << 62)
+    unlimited = wire.Limits(1 << 62, 1 << 62, 1 << 62, math.inf)
     for seq, payload in mdir.replay(last):
         try:
             kind, args = decode_record(payload, unlimited)
             apply_op(m, kind, args)
-        except MapperError as e:  # it was rejected when live too: the record stays a no-op
-            log.info("map %s: record %d skipped on replay (%s)", mdir.id, seq, e)
+        except Exception as e:  # the record stays a no-op; kept aside for inspection
+            error = f"{type(e).__name__}: {e}"
+            log.warning("map %s: record %d failed on replay (%s); quarantined", mdir.id, seq, error)
+            try:
+                mdir.quarantine(seq, payload, error)
+            except OSError:
+                log.exception("map %s: could not quarantine record %d", mdir.id, seq)
+            if quarantined is not None:
+                quarantined.append((seq, error))
         last = seq
         replayed += 1
     log.info(
@@ -485,6 +505,29 @@ def recover_map(mdir: MapDir, device) -> tuple[Map, dict, Snapshot | None, int, 
         last,
     )
     return m, info, snap, last, replayed
+
+
+def check_name(name, what: str = "name") -> str:
+    """A map name as ``POST /v1/maps`` accepts it (``NAME_PATTERN``); raises ``InvalidArgument``."""
+    from .schemas import NAME_PATTERN
+
+    if not isinstance(name, str):
+        raise InvalidArgumentType(f"{what}: expected a string, got {type(name).__name__}")
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise InvalidArgument(f"{what}: {name[:80]!r} does not match {NAME_PATTERN}")
+    return name
+
+
+def check_info(info, map_id: str) -> dict:
+    """A map's ``info.json`` as the service wrote it (id of its directory, a valid name, a config dict)."""
+    if not isinstance(info, dict):
+        raise InvalidArgument("info.json: not an object")
+    if info.get("id") != map_id:
+        raise InvalidArgument(f"info.json: id {info.get('id')!r} is not the directory's {map_id!r}")
+    check_name(info.get("name"), "info.json: name")
+    if not isinstance(info.get("config"), dict):
+        raise InvalidArgument("info.json: config is not an object")
+    return info
 
 
 def new_map_id() -> str:
@@ -500,7 +543,10 @@ class MapService:
         self.device = self._device(settings.device)
         self.data = DataDir(settings.data_dir, fsync=settings.fsync)
         self.limits = wire.Limits(
-            settings.max_points_per_frame, settings.max_image_pixels, settings.max_query_points
+            settings.max_points_per_frame,
+            settings.max_image_pixels,
+            settings.max_query_points,
+            settings.max_pose_translation_m,
         )
         self.maps: dict[str, MapEntry] = {}
         self.query_pool = ThreadPoolExecutor(settings.query_threads, thread_name_prefix="query")
@@ -556,8 +602,12 @@ class MapService:
 
     def _recover(self, map_id: str) -> MapEntry:
         mdir = self.data.map_dir(map_id)
-        m, info, snap, last, replayed = recover_map(mdir, self.device)
+        quarantined: list = []
+        m, info, snap, last, replayed = recover_map(mdir, self.device, quarantined)
+        if quarantined:
+            self.metrics.quarantined.labels(map_id).inc(len(quarantined))
         entry = MapEntry(self, info, m, mdir, last, snap.seq if snap else 0)
+        entry.quarantined = mdir.quarantined()
         entry.last_snapshot = snap
         entry.snapshot_version = m.version if (snap is not None and replayed == 0) else -1
         return entry
@@ -573,6 +623,14 @@ class MapService:
                     await e.snapshot()
                 except Exception:
                     log.exception("map %s: periodic snapshot failed", e.id)
+
+    def quarantine_report(self, per_map: int = 10) -> dict[str, dict]:
+        """Maps with quarantined WAL records: ``{id: {"count", "records": the newest per_map notes}}``."""
+        out = {}
+        for e in list(self.maps.values()):
+            if e.quarantined:
+                out[e.id] = {"count": len(e.quarantined), "records": e.quarantined[-per_map:]}
+        return out
 
     # ----------------------------------------------------------------------------------------- maps
     def check_ready(self) -> None:
