@@ -518,6 +518,32 @@ def check_name(name, what: str = "name") -> str:
     return name
 
 
+def check_snapshot_meta(meta: dict) -> str | None:
+    """The metadata of an imported snapshot, checked like a create request: the config through
+    ``MapCreate`` (types, ranges, layers), the stored name (if any) through ``check_name``. Returns the
+    stored name. Raises ``InvalidArgument`` naming the field."""
+    from pydantic import ValidationError
+
+    from .schemas import MapCreate
+
+    config = meta.get("config")
+    try:
+        MapCreate.model_validate({**config, "name": None} if isinstance(config, dict) else config)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first.get("loc", ()))
+        raise InvalidArgument(f"snapshot: config.{loc}: {first.get('msg')}") from None
+    if not isinstance(config.get("voxel_size_m"), (int, float)) or not config.get("layers"):
+        raise InvalidArgument("snapshot: config needs voxel_size_m and layers")
+    info = meta.get("info")
+    if info is None:
+        return None
+    if not isinstance(info, dict):
+        raise InvalidArgument("snapshot: info is not an object")
+    name = info.get("name")
+    return None if name is None else check_name(name, "snapshot: info.name")
+
+
 def check_info(info, map_id: str) -> dict:
     """A map's ``info.json`` as the service wrote it (id of its directory, a valid name, a config dict)."""
     if not isinstance(info, dict):
@@ -656,6 +682,10 @@ class MapService:
         return await self._register(name, m, None)
 
     async def _register(self, name: str | None, m: Map, snapshot: tuple | None) -> MapEntry:
+        """Store and serve a new map. All or nothing: the snapshot (if any) is written before ``info.json``
+        (which makes the directory a map) and a failure removes the directory again."""
+        if name is not None:
+            check_name(name)
         async with self._names_lock:
             if len(self.maps) >= self.settings.max_maps:
                 raise Conflict(f"map limit reached ({self.settings.max_maps} maps; MAPPER_MAX_MAPS)")
@@ -670,12 +700,18 @@ class MapService:
                 "config": m.config(),
             }
             mdir = self.data.map_dir(map_id)
-            await asyncio.to_thread(mdir.write_info, info)
-            snap = None
-            if snapshot is not None:
-                tensors, meta = snapshot
-                snap = await asyncio.to_thread(mdir.write_snapshot, 0, tensors, {**meta, "info": info})
-            entry = MapEntry(self, info, m, mdir, 0, 0)
+            try:
+                snap = None
+                if snapshot is not None:
+                    tensors, meta = snapshot
+                    await asyncio.to_thread(mdir.root.mkdir, parents=True, exist_ok=True)
+                    snap = await asyncio.to_thread(mdir.write_snapshot, 0, tensors, {**meta, "info": info})
+                await asyncio.to_thread(mdir.write_info, info)
+                entry = MapEntry(self, info, m, mdir, 0, 0)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(mdir.remove)
+                raise
             entry.last_snapshot = snap
             self.maps[map_id] = entry
             entry.start()
@@ -683,10 +719,13 @@ class MapService:
             return entry
 
     async def import_map(self, data: bytes, name: str | None) -> MapEntry:
+        """A map from an exported snapshot file. Its metadata is checked like a create request (stored
+        name, config) before anything is written; a refused import leaves nothing behind."""
         self.check_ready()
 
         def load():
             tensors, meta = load_snapshot_bytes(data)
+            stored = check_snapshot_meta(meta)
             try:
                 m = Map.from_state_dict(tensors, meta, device=self.device)
             except MapperError:
@@ -695,12 +734,12 @@ class MapService:
                 raise InvalidArgument(
                     f"snapshot: does not describe a map ({type(e).__name__}: {e})"
                 ) from None
-            return m, tensors, meta
+            return m, tensors, meta, stored
 
-        m, tensors, meta = await asyncio.to_thread(load)
+        m, tensors, meta, stored = await asyncio.to_thread(load)
         if name is None:
-            name = (meta.get("info") or {}).get("name")
-            if isinstance(name, str) and any(e.name == name for e in self.maps.values()):
+            name = stored
+            if name is not None and any(e.name == name for e in self.maps.values()):
                 name = None
         state_meta = {k: meta[k] for k in ("config", "frames_integrated", "version") if k in meta}
         return await self._register(name, m, (tensors, state_meta))
@@ -731,8 +770,11 @@ def data_dir_free_bytes(path) -> int:
 
 
 def save_new_map(data: DataDir, m: Map, name: str | None = None) -> dict:
-    """Write a map built offline into a data directory (info + snapshot), as the service would store it;
-    ``mapper serve`` with that ``MAPPER_DATA_DIR`` serves it. Returns its info."""
+    """Write a map built offline into a data directory (snapshot, then info), as the service would store it;
+    ``mapper serve`` with that ``MAPPER_DATA_DIR`` serves it. Returns its info. ``name`` must match
+    ``NAME_PATTERN`` (``InvalidArgument`` otherwise)."""
+    if name is not None:
+        check_name(name)
     map_id = new_map_id()
     info = {
         "id": map_id,
@@ -741,9 +783,10 @@ def save_new_map(data: DataDir, m: Map, name: str | None = None) -> dict:
         "config": m.config(),
     }
     mdir = data.map_dir(map_id)
-    mdir.write_info(info)
+    mdir.root.mkdir(parents=True, exist_ok=True)
     tensors, meta = m.state_dict()
     mdir.write_snapshot(0, tensors, {**meta, "info": info})
+    mdir.write_info(info)
     return info
 
 

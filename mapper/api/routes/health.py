@@ -1,4 +1,4 @@
-"""Liveness, readiness and Prometheus metrics (no token: probes and scrapers call these)."""
+"""Liveness and readiness (no token: probes call these) and Prometheus metrics (a token once any is set)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..deps import MetricsDep, ServiceDep
+from ..deps import MetricsAuth, MetricsDep, ServiceDep
 
 router = APIRouter(tags=["health"])
 
@@ -34,9 +34,15 @@ async def readyz(service: ServiceDep):
     }
 
 
-@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, 401: {"description": "token required"}},
+    dependencies=[MetricsAuth],
+)
 async def metrics(m: MetricsDep, service: ServiceDep) -> Response:
-    """Prometheus text format."""
+    """Prometheus text format. Needs no token when none is configured; otherwise ``MAPPER_METRICS_TOKEN``
+    or an API/read token (``Authorization: Bearer``): the series name maps."""
     for e in list(service.maps.values()):
         m.queue_depth.labels(e.id).set(e.queue.qsize())
     return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
