@@ -3,7 +3,8 @@
 FastAPI parses a route's JSON body before it runs the route's dependencies, so a malformed body got 422
 before a missing token got 401. ``AuthGate`` answers first: it matches the request to its route, reads the
 route's auth level from its dependencies (``deps.ReadAuth`` / ``WriteAuth`` / ``MetricsAuth``) and checks
-the bearer token from the headers alone. The dependencies still run (and document the scheme in OpenAPI).
+the bearer token from the headers alone. The dependencies still run (and document the scheme in OpenAPI);
+a route the table misses is still protected by them, only later.
 
 It also keeps the "no tokens -> loopback only" rule when the bind address is not known to the app (a plain
 ``uvicorn --factory mapper.api:create_app --host 0.0.0.0``: ``--host`` never reaches the settings): with
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from starlette.routing import Match
+from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import MapperError
@@ -70,7 +71,7 @@ class AuthGate:
     def __init__(self, app: ASGIApp, settings: Settings):
         self.app = app
         self.settings = settings
-        self._levels: dict[int, str | None] = {}
+        self._table: list[tuple] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -102,12 +103,25 @@ class AuthGate:
             deps.check_token(s, bearer(scope), write=level == "write")
 
     def _level(self, scope: Scope) -> str | None:
-        app = scope.get("app")
-        for route in getattr(getattr(app, "router", None), "routes", ()):
-            match, _ = route.matches(scope)
-            if match == Match.FULL:
-                key = id(route)
-                if key not in self._levels:
-                    self._levels[key] = auth_level(route)
-                return self._levels[key]
+        if self._table is None:  # built at the first request: every route is registered by then
+            self._table = route_table(scope["app"].router.routes)
+        path, method, root = scope.get("path", ""), scope.get("method", ""), scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        for regex, methods, level in self._table:
+            if regex.match(path) and (not methods or method in methods):
+                return level
         return None
+
+
+def route_table(routes) -> list[tuple]:
+    """``(path regex, methods, auth level)`` of every HTTP API route, walking included routers (FastAPI
+    keeps them as nested routers from 0.12x on, as flat routes before)."""
+    table = []
+    for r in routes:
+        inner = getattr(r, "original_router", None)
+        if inner is not None:
+            table.extend(route_table(inner.routes))
+        elif isinstance(r, APIRoute):
+            table.append((r.path_regex, r.methods, auth_level(r)))
+    return table
