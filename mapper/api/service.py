@@ -487,7 +487,7 @@ def recover_map(
             kind, args = decode_record(payload, unlimited)
             apply_op(m, kind, args)
         except Exception as e:  # the record stays a no-op; kept aside for inspection
-            error = f"{type(e).__name__}: {e}"
+            error = f"{type(e).__name__}: {e}"[:2000]
             log.warning("map %s: record %d failed on replay (%s); quarantined", mdir.id, seq, error)
             try:
                 mdir.quarantine(seq, payload, error)
