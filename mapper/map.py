@@ -651,10 +651,10 @@ class Map:
         surface seen by a pinhole camera (OpenCV axes), by sphere tracing the trilinear TSDF."""
         layer = self._require("tsdf")
         T = check_pose("T_world_sensor", T_world_sensor, self.device)
-        Kt = check_intrinsics("K", K, self.device, (height, width))
         for name, val in (("width", width), ("height", height)):
             if isinstance(val, bool) or not isinstance(val, int) or val <= 0 or val > 8192:
                 raise InvalidArgument(f"{name}: expected an int in [1, 8192], got {val!r}")
+        Kt = check_intrinsics("K", K, self.device, (height, width))
         rng = self.max_range_m if max_range_m is None else _positive("max_range_m", max_range_m)
         return raycast_tsdf(layer, T, Kt, width, height, self.voxel_size_m, self.tsdf_config.tau, rng)
 
