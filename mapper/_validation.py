@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -75,3 +76,54 @@ def check_int_in(name: str, value, allowed) -> int:
     if int(value) not in allowed:
         raise InvalidArgument(f"{name}: expected one of {sorted(allowed)}, got {value}")
     return int(value)
+
+
+# ---------------------------------------------------------------------------- sensor geometry (numbers)
+# Shared by the wire decoder (before a frame is logged) and by Map (library calls): a frame that passes
+# these checks cannot make an integrator fail or run away (NOTES.md, "No poison records").
+MAX_RAY_ANGLE_DEG = 85.0  # every pixel's ray within this angle of the optical axis (FOV <= 170 deg)
+MIN_FOV_DEG = 0.1  # per axis, edge to edge
+
+
+def check_pinhole(name: str, fx: float, fy: float, cx: float, cy: float, width: int, height: int) -> None:
+    """Pinhole intrinsics that project a ``width x height`` image to a sane field of view.
+
+    Raises ``InvalidArgument`` naming the problem unless: all four are finite, ``fx, fy > 0``, the
+    principal point lies within the image enlarged by half its size on each side, every pixel's ray is
+    within ``MAX_RAY_ANGLE_DEG`` of the optical axis and each axis sees at least ``MIN_FOV_DEG``.
+    """
+    vals = (fx, fy, cx, cy)
+    if not all(math.isfinite(x) for x in vals):
+        raise InvalidArgument(f"{name}: contains NaN or Inf")
+    if fx <= 0 or fy <= 0:
+        raise InvalidArgument(f"{name}: focal lengths must be positive, got fx={fx:g}, fy={fy:g}")
+    slope = math.tan(math.radians(MAX_RAY_ANGLE_DEG))
+    for axis, f, c, size in (("x", fx, cx, width), ("y", fy, cy, height)):
+        if not -0.5 * size <= c <= 1.5 * size:
+            raise InvalidArgument(
+                f"{name}: principal point c{axis}={c:g} is far outside the image (size {size} pixels)"
+            )
+        if max(abs(c), abs(size - c)) / f > slope:
+            raise InvalidArgument(
+                f"{name}: f{axis}={f:g} makes rays more than {MAX_RAY_ANGLE_DEG:g} deg from the optical axis "
+                f"(image {size} pixels, c{axis}={c:g}); the field of view must stay under "
+                f"{2 * MAX_RAY_ANGLE_DEG:g} deg"
+            )
+        fov = math.degrees(math.atan2(size - c, f) + math.atan2(c, f))
+        if fov < MIN_FOV_DEG:
+            raise InvalidArgument(
+                f"{name}: f{axis}={f:g} gives a field of view of {fov:.3g} deg over {size} pixels "
+                f"(minimum {MIN_FOV_DEG:g})"
+            )
+
+
+def check_translation(name: str, t, limit_m: float, why: str) -> None:
+    """Every component of the translation ``t`` (3 numbers, metres) finite and within ``+-limit_m``."""
+    vals = [float(x) for x in t]
+    if not all(math.isfinite(x) for x in vals):
+        raise InvalidArgument(f"{name}: translation contains NaN or Inf")
+    worst = max(abs(x) for x in vals)
+    if worst > limit_m:
+        raise InvalidArgument(
+            f"{name}: translation {worst:.6g} m from the origin exceeds {limit_m:.6g} m ({why})"
+        )

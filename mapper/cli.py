@@ -230,9 +230,11 @@ def _send_ws(s, f, kind, i, with_color) -> list[dict]:
 
 def replay_offline(args, ds, kind: str, idx: list[int]) -> dict:
     from . import Map
-    from .api.service import save_new_map
+    from .api.service import check_name, save_new_map
     from .persistence import DataDir
 
+    if args.name is not None:
+        check_name(args.name, "--name")  # before the replay, not after it
     layers = args.layers.split(",") if args.layers else default_layers(kind)
     m = Map(
         args.voxel or 0.1,

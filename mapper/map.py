@@ -19,7 +19,14 @@ from .errors import InvalidArgument, InvalidArgumentType, NotFound
 from .grid import IndexGrid
 from .integrators import occupancy as occ
 from .integrators import tsdf
-from .integrators.common import check_color, check_depth, check_intrinsics, check_points, check_pose
+from .integrators.common import (
+    KEY_LIMIT,
+    check_color,
+    check_depth,
+    check_intrinsics,
+    check_points,
+    check_pose,
+)
 from .kernels.dispatch import use_triton
 from .layers import BrickLayer, brick_offsets
 from .mesh import Mesh, extract_mesh, mesh_since
@@ -194,7 +201,7 @@ class Map:
                 T_world_sensor, info = self.track_lidar(pts, T_world_sensor, estimated=estimated)
         elif T_world_sensor is None:
             raise InvalidArgument("T_world_sensor: required when track=False")
-        T = check_pose("T_world_sensor", T_world_sensor, self.device)
+        T = self._check_sensor_pose(T_world_sensor)
         r = torch.linalg.vector_norm(pts, dim=1)
         ok = torch.isfinite(pts).all(dim=1) & (r > 1e-6) & (r <= self.max_range_m)
         pts = pts[ok].to(torch.float64)
@@ -262,9 +269,9 @@ class Map:
             color: optional ``[H, W, 3]`` uint8 RGB aligned with the depth (needs the "color" layer).
         Returns: ``{"points_used", "points_dropped"}`` (pixels).
         """
-        T = check_pose("T_world_sensor", T_world_sensor, self.device)
-        Kt = check_intrinsics("K", K, self.device)
+        T = self._check_sensor_pose(T_world_sensor)
         depth = check_depth("depth_m", depth_m, self.device)
+        Kt = check_intrinsics("K", K, self.device, tuple(depth.shape))
         col = None
         if color is not None:
             col = check_color("color", color, tuple(depth.shape), self.device)
@@ -284,6 +291,28 @@ class Map:
                 touched.append(self._carve(origin, dirs, rng))
         self._end(touched)
         return {"points_used": used, "points_dropped": int(d.numel() - used)}
+
+    @property
+    def coordinate_limit_m(self) -> float:
+        """Map coordinates reach ``+-coordinate_limit_m`` per axis (the integrators' keys hold voxel
+        coordinates within ``+-2^20``, NOTES.md); a sensor outside cannot add anything."""
+        return (KEY_LIMIT - 8) * self.voxel_size_m
+
+    def check_sensor_pose(self, T_world_sensor) -> torch.Tensor:
+        """A rigid ``[4, 4]`` transform whose translation lies inside the map's coordinate range
+        (``coordinate_limit_m``) -> float64 ``[4, 4]`` on the CPU; raises ``InvalidArgument`` otherwise.
+        The service runs this before it logs a frame."""
+        T = check_pose("T_world_sensor", T_world_sensor, _HOST)  # checked on the host: no device sync
+        v.check_translation(
+            "T_world_sensor",
+            T[:3, 3].tolist(),
+            self.coordinate_limit_m,
+            f"the map's coordinate range: 2^20 voxels of {self.voxel_size_m:g} m",
+        )
+        return T
+
+    def _check_sensor_pose(self, T_world_sensor) -> torch.Tensor:
+        return self.check_sensor_pose(T_world_sensor).to(self.device)
 
     def _carve(self, origin: torch.Tensor, dirs: torch.Tensor, rng: torch.Tensor) -> torch.Tensor:
         """Occupancy update for rays that all end in a return; the bricks it touched."""
@@ -622,10 +651,10 @@ class Map:
         surface seen by a pinhole camera (OpenCV axes), by sphere tracing the trilinear TSDF."""
         layer = self._require("tsdf")
         T = check_pose("T_world_sensor", T_world_sensor, self.device)
-        Kt = check_intrinsics("K", K, self.device)
         for name, val in (("width", width), ("height", height)):
             if isinstance(val, bool) or not isinstance(val, int) or val <= 0 or val > 8192:
                 raise InvalidArgument(f"{name}: expected an int in [1, 8192], got {val!r}")
+        Kt = check_intrinsics("K", K, self.device, (height, width))
         rng = self.max_range_m if max_range_m is None else _positive("max_range_m", max_range_m)
         return raycast_tsdf(layer, T, Kt, width, height, self.voxel_size_m, self.tsdf_config.tau, rng)
 

@@ -6,6 +6,7 @@ Layout of one map under the data directory::
     maps/<id>/snapshot-<seq>.safetensors    tensors of Map.state_dict(); header metadata = the JSON below
     maps/<id>/snapshot-<seq>.json           {"seq", "meta", ...}: written last, it commits the snapshot
     maps/<id>/wal-<first seq>.log           records seq > the snapshot's, appended and fsync'd before acks
+    maps/<id>/quarantine/<seq>.msgpack      a record that failed on replay, kept aside (+ <seq>.json: error)
 
 A WAL record is ``MAGIC | length u32 | seq u64 | crc32 u32 | payload`` (little-endian; the CRC covers seq
 and payload); the payload is a msgpack operation (``{"op": "frame", "frame": <wire frame>}``, ``clear``,
@@ -284,6 +285,29 @@ class MapDir:
                     continue
                 yield seq, payload
                 last = seq
+
+    # quarantine: WAL records that failed on replay, kept aside (the map replays past them)
+    def quarantine(self, seq: int, payload: bytes, error: str) -> Path:
+        """Keep a record that failed on replay: ``quarantine/<seq>.msgpack`` + ``<seq>.json`` (its error)."""
+        qdir = self.root / "quarantine"
+        qdir.mkdir(exist_ok=True)
+        atomic_write(qdir / f"{seq:016d}.msgpack", payload, self.fsync)
+        note = {"seq": seq, "error": error, "bytes": len(payload)}
+        atomic_write(qdir / f"{seq:016d}.json", json.dumps(note).encode(), self.fsync)
+        return qdir / f"{seq:016d}.msgpack"
+
+    def quarantined(self) -> list[dict]:
+        """The notes (``{"seq", "error", "bytes"}``) of the quarantined records, oldest first."""
+        qdir = self.root / "quarantine"
+        if not qdir.is_dir():
+            return []
+        notes = []
+        for p in sorted(qdir.glob("*.json")):
+            try:
+                notes.append(json.loads(p.read_text()))
+            except (OSError, ValueError):
+                notes.append({"seq": p.stem, "error": "unreadable note"})
+        return notes
 
     def wal_bytes(self) -> int:
         return sum(p.stat().st_size for _, p in self.wal_segments())

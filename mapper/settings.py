@@ -2,8 +2,9 @@
 
 ``MAPPER_HOST``, ``MAPPER_PORT``, ``MAPPER_DATA_DIR``, ``MAPPER_DEVICE`` (``auto`` = CUDA when available),
 ``MAPPER_API_TOKENS`` (comma-separated bearer tokens with full access), ``MAPPER_READ_TOKENS`` (read-only
-tokens), limits (``MAPPER_MAX_BODY_BYTES``, ...), ``MAPPER_SNAPSHOT_INTERVAL_S`` and the default map
-parameters. ``mapper serve`` reads them; its flags override them.
+tokens), ``MAPPER_METRICS_TOKEN`` (a bearer token for ``/metrics`` only), limits
+(``MAPPER_MAX_BODY_BYTES``, ``MAPPER_MAX_POSE_TRANSLATION_M``, ...), ``MAPPER_SNAPSHOT_INTERVAL_S`` and the
+default map parameters. ``mapper serve`` reads them; its flags override them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Settings(BaseSettings):
     device: str = "auto"
     api_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
     read_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    metrics_token: str | None = None  # scrapers: /metrics then needs it (or an API/read token)
     log_level: str = "info"
 
     # limits
@@ -53,6 +55,7 @@ class Settings(BaseSettings):
     queue_depth: int = Field(64, gt=0)
     max_batch: int = Field(16, gt=0)
     ws_max_in_flight: int = Field(256, gt=0)
+    max_pose_translation_m: float = Field(1e6, gt=0)  # per axis; also bounded by each map's key range
 
     # durability
     fsync: bool = True

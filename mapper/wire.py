@@ -26,6 +26,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from ._validation import check_pinhole, check_translation
 from .errors import CapacityExceeded, InvalidArgument, InvalidArgumentType
 
 MSGPACK = "application/msgpack"
@@ -57,6 +58,7 @@ class Limits:
     max_points: int = 2_000_000
     max_pixels: int = 4_000_000
     max_query_points: int = 1_000_000
+    max_translation_m: float = 1e6  # |x|, |y|, |z| of a pose's translation (MAPPER_MAX_POSE_TRANSLATION_M)
 
 
 # ------------------------------------------------------------------------------------------ msgpack
@@ -141,6 +143,8 @@ def decode_array(
             )
         return np.frombuffer(data, dtype=DTYPES[dt]).reshape(shape).copy()
     if isinstance(obj, list):
+        if _has_bool(obj):
+            raise InvalidArgumentType(f"{name}: expected numbers, got a boolean (true/false)")
         try:
             a = np.asarray(obj)
         except (ValueError, TypeError) as e:
@@ -159,6 +163,19 @@ def decode_array(
     raise InvalidArgumentType(f"{name}: expected an array map or a list, got {type(obj).__name__}")
 
 
+def _has_bool(obj: list) -> bool:
+    """Whether nested lists hold a bool anywhere (numpy would silently turn ``true`` into 1.0)."""
+    stack = [obj]
+    while stack:
+        for x in stack.pop():
+            t = type(x)
+            if t is bool:
+                return True
+            if t is list:
+                stack.append(x)
+    return False
+
+
 def _number(obj, name: str, default: float | None = None) -> float | None:
     if obj is None:
         return default
@@ -170,12 +187,15 @@ def _number(obj, name: str, default: float | None = None) -> float | None:
     return x
 
 
-def check_pose(obj, name: str = "T_world_sensor") -> np.ndarray:
-    """A rigid transform ([4, 4] array or 16 row-major numbers) -> float64 [4, 4]."""
+def check_pose(obj, name: str = "T_world_sensor", max_translation_m: float | None = None) -> np.ndarray:
+    """A rigid transform (``[4, 4]`` array or 16 row-major numbers) -> float64 ``[4, 4]``.
+
+    Refuses other shapes, non-finite values, a rotation block that is not a rotation, a last row other
+    than ``[0, 0, 0, 1]`` and (with ``max_translation_m``) a translation component beyond it."""
     if obj is None:
         raise InvalidArgument(f"{name}: required")
     T = decode_array(obj, name, FLOAT_DTYPES + ("int32",), max_elements=16).astype(np.float64)
-    if T.size != 16:
+    if T.shape not in ((4, 4), (16,)):
         raise InvalidArgument(f"{name}: expected shape [4, 4] (or 16 row-major values), got {list(T.shape)}")
     T = T.reshape(4, 4)
     if not np.isfinite(T).all():
@@ -185,6 +205,8 @@ def check_pose(obj, name: str = "T_world_sensor") -> np.ndarray:
         raise InvalidArgument(f"{name}: the rotation block is not a rotation (R R^T != I or det < 0)")
     if not np.allclose(T[3], [0, 0, 0, 1], atol=1e-6):
         raise InvalidArgument(f"{name}: last row must be [0, 0, 0, 1]")
+    if max_translation_m is not None:
+        check_translation(name, T[:3, 3], max_translation_m, "MAPPER_MAX_POSE_TRANSLATION_M")
     return T
 
 
@@ -271,7 +293,8 @@ def parse_frame(msg, limits: Limits = Limits()) -> Frame:
     fid = _frame_id(msg.get("frame_id"))
     if kind == "lidar":
         pts = check_points(msg.get("points"), "points", limits.max_points, allow_nan=True)
-        T = None if msg.get("T_world_sensor") is None else check_pose(msg["T_world_sensor"])
+        T = msg.get("T_world_sensor")
+        T = None if T is None else check_pose(T, max_translation_m=limits.max_translation_m)
         return LidarFrame(pts, T, ts, fid)
     if kind == "depth":
         return _parse_depth(msg, limits, ts, fid)
@@ -300,15 +323,8 @@ def _parse_depth(msg: dict, limits: Limits, ts, fid) -> DepthFrame:
         depth = depth.astype(np.float32)
     if not (np.nan_to_num(depth, nan=0.0) > 0).any():
         raise InvalidArgument("depth: empty frame (no pixel with a positive depth)")
-    K = decode_array(msg.get("K"), "K", FLOAT_DTYPES + ("int32",), max_elements=9).astype(np.float64)
-    if K.shape not in ((4,), (3, 3)):
-        raise InvalidArgument(f"K: expected [fx, fy, cx, cy] or [3, 3], got shape {list(K.shape)}")
-    if not np.isfinite(K).all():
-        raise InvalidArgument("K: contains NaN or Inf")
-    fx, fy = (K[0], K[1]) if K.shape == (4,) else (K[0, 0], K[1, 1])
-    if fx <= 0 or fy <= 0:
-        raise InvalidArgument("K: focal lengths must be positive")
-    T = check_pose(msg.get("T_world_sensor"))
+    K = check_intrinsics(msg.get("K"), depth.shape)
+    T = check_pose(msg.get("T_world_sensor"), max_translation_m=limits.max_translation_m)
     color = None
     if msg.get("color") is not None:
         color = decode_array(msg["color"], "color", ("uint8",), max_elements=3 * limits.max_pixels)
@@ -318,6 +334,27 @@ def _parse_depth(msg: dict, limits: Limits, ts, fid) -> DepthFrame:
             )
         color = color.astype(np.uint8)
     return DepthFrame(depth, K, T, color, scale, ts, fid)
+
+
+def check_intrinsics(obj, image_shape: tuple[int, int], name: str = "K") -> np.ndarray:
+    """``[fx, fy, cx, cy]`` or a 3x3 pinhole matrix (no skew, last row ``[0, 0, 1]``) for an image of
+    ``image_shape`` (H, W) -> float64 ``[4]`` or ``[3, 3]`` as sent; the field of view must be sane
+    (``mapper._validation.check_pinhole``)."""
+    if obj is None:
+        raise InvalidArgument(f"{name}: required")
+    K = decode_array(obj, name, FLOAT_DTYPES + ("int32",), max_elements=9).astype(np.float64)
+    if K.shape not in ((4,), (3, 3)):
+        raise InvalidArgument(f"{name}: expected [fx, fy, cx, cy] or [3, 3], got shape {list(K.shape)}")
+    if not np.isfinite(K).all():
+        raise InvalidArgument(f"{name}: contains NaN or Inf")
+    if K.shape == (3, 3):
+        if K[0, 1] != 0 or K[1, 0] != 0 or K[2, 0] != 0 or K[2, 1] != 0 or K[2, 2] != 1:
+            raise InvalidArgument(f"{name}: expected [[fx, 0, cx], [0, fy, cy], [0, 0, 1]] (no skew)")
+        fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
+    else:
+        fx, fy, cx, cy = K
+    check_pinhole(name, float(fx), float(fy), float(cx), float(cy), image_shape[1], image_shape[0])
+    return K
 
 
 def frame_to_wire(frame: Frame) -> dict:

@@ -210,8 +210,10 @@ def test_tokens(auth):
     check_error(c.post(f"/v1/maps/{mid}/query/tsdf", json={"points": [[0, 0, 0]]}), 401)
     assert c.post(f"/v1/maps/{mid}/query/tsdf", json={"points": [[0, 0, 0]]}, headers=read).status_code == 200
     check_error(c.delete(f"/v1/maps/{mid}", headers=read), 403)
-    for path in ("/healthz", "/readyz", "/metrics"):  # probes and scrapers need no token
+    for path in ("/healthz", "/readyz"):  # probes need no token
         assert c.get(path).status_code == 200
+    check_error(c.get("/metrics"), 401)  # the series name maps: a token once tokens are configured
+    assert c.get("/metrics", headers=read).status_code == 200
     for kw in ({}, {"headers": {"Authorization": "Bearer wrong"}}, {"headers": read}):
         with pytest.raises(WebSocketDenialResponse):
             with c.websocket_connect(f"/v1/maps/{mid}/stream", **kw):

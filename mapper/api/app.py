@@ -15,6 +15,7 @@ from .. import __version__
 from ..errors import MapperError
 from ..settings import Settings
 from . import errors
+from .auth import AuthGate
 from .metrics import Metrics
 from .routes import frames, health, maps, queries
 from .service import MapService
@@ -122,5 +123,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for r in (maps.router, frames.router, queries.router, health.router):
         app.include_router(r)
     app.add_middleware(BodyLimit, settings=settings)
+    app.add_middleware(AuthGate, settings=settings)  # outside BodyLimit: 401 before any body is read
     app.add_middleware(HttpMetrics, metrics=metrics)
     return app

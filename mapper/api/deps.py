@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
@@ -65,8 +66,31 @@ def _write_auth(
     check_token(settings, creds.credentials if creds else None, write=True)
 
 
+def check_metrics_token(settings: Settings, token: str | None) -> None:
+    """``/metrics``: open when no token of any kind is configured; else ``MAPPER_METRICS_TOKEN`` or an
+    API/read token (``Unauthorized`` otherwise)."""
+    if settings.metrics_token is None and not settings.auth_enabled:
+        return
+    if (
+        token
+        and settings.metrics_token
+        and hmac.compare_digest(token.encode(), settings.metrics_token.encode())
+    ):
+        return
+    if not settings.auth_enabled:
+        raise Unauthorized("missing or invalid bearer token (MAPPER_METRICS_TOKEN)")
+    check_token(settings, token, write=False)
+
+
+def _metrics_auth(
+    settings: SettingsDep, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+):
+    check_metrics_token(settings, creds.credentials if creds else None)
+
+
 ReadAuth = Depends(_read_auth)
 WriteAuth = Depends(_write_auth)
+MetricsAuth = Depends(_metrics_auth)
 
 
 def _map_entry(
@@ -118,6 +142,16 @@ def _json(body: bytes):
         return json.loads(body)
     except (ValueError, RecursionError) as e:
         raise wire.MalformedMessage(f"body: malformed JSON ({e})") from None
+
+
+def attachment(filename: str) -> str:
+    """A ``Content-Disposition`` value safe for any file name (stored map names come from old data dirs and
+    imports too): an ASCII fallback with everything outside ``[A-Za-z0-9._-]`` replaced, plus the exact
+    name percent-encoded (RFC 6266 / 5987). Never contains quotes, CR or LF."""
+    from urllib.parse import quote
+
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", filename)[:200] or "download"
+    return f"attachment; filename=\"{safe}\"; filename*=UTF-8''{quote(filename, safe='')}"
 
 
 def reply(request: Request, obj, status_code: int = 200):

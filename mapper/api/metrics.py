@@ -18,6 +18,12 @@ class Metrics:
         r = self.registry
         self.frames = Counter("mapper_frames", "Frames integrated", ["map", "kind"], registry=r)
         self.points = Counter("mapper_points", "Points (pixels) per frame", ["map", "result"], registry=r)
+        self.quarantined = Counter(
+            "mapper_wal_quarantined_records",
+            "WAL records that failed on replay and were kept aside (maps/<id>/quarantine/)",
+            ["map"],
+            registry=r,
+        )
         self.frame_errors = Counter("mapper_frame_errors", "Frames rejected", ["reason"], registry=r)
         self.stage = Histogram(
             "mapper_stage_seconds",
@@ -70,7 +76,14 @@ class Metrics:
 
     def forget_map(self, map_id: str) -> None:
         """Drop the per-map series of a deleted map."""
-        for metric in (self.queue_depth, self.voxels, self.layer_bytes, self.frames, self.points):
+        for metric in (
+            self.queue_depth,
+            self.voxels,
+            self.layer_bytes,
+            self.frames,
+            self.points,
+            self.quarantined,
+        ):
             for labels in list(metric._metrics):  # prometheus_client has no public "labels of" accessor
                 if labels and labels[0] == map_id:
                     metric.remove(*labels)

@@ -6,9 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Finite = Annotated[float, Field(allow_inf_nan=False)]
-Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Coord = Annotated[float, Field(ge=-1e6, le=1e6, allow_inf_nan=False)]  # metres; +-1000 km
+Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Positive = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
+Coord = Annotated[float, Field(strict=True, ge=-1e6, le=1e6, allow_inf_nan=False)]  # metres; +-1000 km
 Vec3 = Annotated[list[Coord], Field(min_length=3, max_length=3)]
 LayerName = Literal["tsdf", "color", "occupancy", "esdf"]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -22,26 +22,28 @@ class ErrorBody(BaseModel):
 
 class OccupancyParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    l_hit: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] | None = None
-    l_miss: Annotated[float, Field(lt=0, ge=-10, allow_inf_nan=False)] | None = None
-    clamp_min: Annotated[float, Field(lt=0, ge=-50, allow_inf_nan=False)] | None = None
-    clamp_max: Annotated[float, Field(gt=0, le=50, allow_inf_nan=False)] | None = None
+    l_hit: Annotated[float, Field(strict=True, gt=0, le=10, allow_inf_nan=False)] | None = None
+    l_miss: Annotated[float, Field(strict=True, lt=0, ge=-10, allow_inf_nan=False)] | None = None
+    clamp_min: Annotated[float, Field(strict=True, lt=0, ge=-50, allow_inf_nan=False)] | None = None
+    clamp_max: Annotated[float, Field(strict=True, gt=0, le=50, allow_inf_nan=False)] | None = None
 
 
 class RegistrationParams(BaseModel):
     """Tracking of LiDAR frames sent without a pose (``mapper.registration.OdometryConfig``)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_range_m: Annotated[float, Field(gt=0, le=1000.0, allow_inf_nan=False)] | None = Field(
+    max_range_m: Annotated[float, Field(strict=True, gt=0, le=1000.0, allow_inf_nan=False)] | None = Field(
         None, description="default: the map's max_range_m"
     )
-    min_range_m: Annotated[float, Field(ge=0, le=1000.0, allow_inf_nan=False)] | None = None
-    voxel_size_m: Annotated[float, Field(ge=0.01, le=20.0, allow_inf_nan=False)] | None = Field(
+    min_range_m: Annotated[float, Field(strict=True, ge=0, le=1000.0, allow_inf_nan=False)] | None = None
+    voxel_size_m: Annotated[float, Field(strict=True, ge=0.01, le=20.0, allow_inf_nan=False)] | None = Field(
         None, description="local registration map voxel; default max_range_m / 100"
     )
-    max_points_per_voxel: Annotated[int, Field(ge=1, le=64)] | None = None
-    initial_threshold_m: Annotated[float, Field(gt=0, le=100.0, allow_inf_nan=False)] | None = None
-    max_iterations: Annotated[int, Field(ge=1, le=500)] | None = None
+    max_points_per_voxel: Annotated[int, Field(strict=True, ge=1, le=64)] | None = None
+    initial_threshold_m: Annotated[float, Field(strict=True, gt=0, le=100.0, allow_inf_nan=False)] | None = (
+        None
+    )
+    max_iterations: Annotated[int, Field(strict=True, ge=1, le=500)] | None = None
 
 
 class MapCreate(BaseModel):
@@ -51,13 +53,15 @@ class MapCreate(BaseModel):
     name: Annotated[str, Field(pattern=NAME_PATTERN)] | None = Field(
         None, description="unique among the service's maps (409 otherwise); default: the id"
     )
-    voxel_size_m: Annotated[float, Field(ge=0.005, le=10.0, allow_inf_nan=False)] | None = None
+    voxel_size_m: Annotated[float, Field(strict=True, ge=0.005, le=10.0, allow_inf_nan=False)] | None = None
     layers: Annotated[list[LayerName], Field(min_length=1, max_length=4)] | None = None
-    truncation_vox: Annotated[float, Field(ge=1.0, le=32.0, allow_inf_nan=False)] | None = None
-    esdf_max_distance_m: Annotated[float, Field(gt=0, le=50.0, allow_inf_nan=False)] | None = None
-    max_range_m: Annotated[float, Field(gt=0, le=1000.0, allow_inf_nan=False)] | None = None
-    tsdf_max_weight: Annotated[float, Field(gt=0, le=1e4, allow_inf_nan=False)] | None = None
-    tsdf_obs_weight: Annotated[float, Field(gt=0, le=1e3, allow_inf_nan=False)] | None = None
+    truncation_vox: Annotated[float, Field(strict=True, ge=1.0, le=32.0, allow_inf_nan=False)] | None = None
+    esdf_max_distance_m: Annotated[float, Field(strict=True, gt=0, le=50.0, allow_inf_nan=False)] | None = (
+        None
+    )
+    max_range_m: Annotated[float, Field(strict=True, gt=0, le=1000.0, allow_inf_nan=False)] | None = None
+    tsdf_max_weight: Annotated[float, Field(strict=True, gt=0, le=1e4, allow_inf_nan=False)] | None = None
+    tsdf_obs_weight: Annotated[float, Field(strict=True, gt=0, le=1e3, allow_inf_nan=False)] | None = None
     occupancy: OccupancyParams | None = None
     registration: RegistrationParams | None = None
 
@@ -119,7 +123,7 @@ class ClearRequest(BaseModel):
     aabb_min: Vec3 | None = None
     aabb_max: Vec3 | None = None
     keep_center_m: Vec3 | None = Field(None, description="with keep_radius_m: clear everything outside")
-    keep_radius_m: Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)] | None = None
+    keep_radius_m: Annotated[float, Field(strict=True, gt=0, le=1e7, allow_inf_nan=False)] | None = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -138,8 +142,8 @@ class ClearRequest(BaseModel):
 
 class DecayRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    factor: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.5
-    threshold: Annotated[float, Field(ge=0, allow_inf_nan=False, le=1e6)] = 0.05
+    factor: Annotated[float, Field(strict=True, gt=0, le=1, allow_inf_nan=False)] = 0.5
+    threshold: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False, le=1e6)] = 0.05
 
 
 class BoxRequest(BaseModel):

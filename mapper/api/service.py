@@ -18,6 +18,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import secrets
 import threading
 import time
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 from .. import wire
-from ..errors import Conflict, InvalidArgument, MapperError, NotFound
+from ..errors import Conflict, InvalidArgument, InvalidArgumentType, MapperError, NotFound
 from ..map import Map
 from ..persistence import DataDir, MapDir, Snapshot, load_snapshot_bytes
 from ..settings import Settings
@@ -178,6 +179,7 @@ class MapEntry:
         self.closed = False
         self.task: asyncio.Task | None = None
         self.stats_time = 0.0
+        self.quarantined: list[dict] = []  # notes of WAL records that failed on replay (MapDir.quarantine)
 
     # ------------------------------------------------------------------------------ async interface
     def start(self) -> None:
@@ -186,6 +188,8 @@ class MapEntry:
     def _op(self, kind: str, args, record: bytes | None = None) -> Op:
         if self.closed:
             raise NotFound(f"map {self.id!r} is being deleted or the service is stopping")
+        if kind == "frame" and args.T_world_sensor is not None:
+            self.map.check_sensor_pose(args.T_world_sensor)  # inside the map's range, before it is logged
         rec = record if record is not None else encode_record(kind, args)
         return Op(kind, args, rec, asyncio.get_running_loop().create_future())
 
@@ -279,6 +283,11 @@ class MapEntry:
                 continue
             if f.T_world_sensor is None:
                 self.metrics.stage.labels("registration").observe(time.perf_counter() - t)
+                try:
+                    self.map.check_sensor_pose(T)  # an estimate that left the map's range is not logged
+                except MapperError as e:
+                    op.error = e
+                    continue
                 f.T_world_sensor = T.cpu().numpy().copy()
                 f.pose_estimated = True
                 op.registration = info
@@ -454,12 +463,16 @@ def _jsonable(obj):
     return obj
 
 
-def recover_map(mdir: MapDir, device) -> tuple[Map, dict, Snapshot | None, int, int]:
+def recover_map(
+    mdir: MapDir, device, quarantined: list | None = None
+) -> tuple[Map, dict, Snapshot | None, int, int]:
     """Load a map from its directory: the newest snapshot, then the WAL records after it (a torn tail is
-    truncated). Returns (map, info, snapshot or None, last seq, records replayed)."""
+    truncated). A record that fails (any exception) is quarantined (``MapDir.quarantine``: kept aside with
+    its error, appended to ``quarantined`` as ``(seq, error)``) and replay goes on: one bad record never
+    makes a map unrecoverable. Returns (map, info, snapshot or None, last seq, records replayed)."""
     from ..persistence import load_snapshot_file
 
-    info = mdir.read_info()
+    info = check_info(mdir.read_info(), mdir.id)
     snap = mdir.latest_snapshot()
     if snap is not None:
         tensors, meta = load_snapshot_file(snap.path)
@@ -468,13 +481,20 @@ def recover_map(mdir: MapDir, device) -> tuple[Map, dict, Snapshot | None, int, 
         m = Map(**info["config"], device=device)
     last = snap.seq if snap is not None else 0
     replayed = 0
-    unlimited = wire.Limits(1 << 62, 1 << 62, 1 << 62)
+    unlimited = wire.Limits(1 << 62, 1 << 62, 1 << 62, math.inf)
     for seq, payload in mdir.replay(last):
         try:
             kind, args = decode_record(payload, unlimited)
             apply_op(m, kind, args)
-        except MapperError as e:  # it was rejected when live too: the record stays a no-op
-            log.info("map %s: record %d skipped on replay (%s)", mdir.id, seq, e)
+        except Exception as e:  # the record stays a no-op; kept aside for inspection
+            error = f"{type(e).__name__}: {e}"[:2000]
+            log.warning("map %s: record %d failed on replay (%s); quarantined", mdir.id, seq, error)
+            try:
+                mdir.quarantine(seq, payload, error)
+            except OSError:
+                log.exception("map %s: could not quarantine record %d", mdir.id, seq)
+            if quarantined is not None:
+                quarantined.append((seq, error))
         last = seq
         replayed += 1
     log.info(
@@ -485,6 +505,55 @@ def recover_map(mdir: MapDir, device) -> tuple[Map, dict, Snapshot | None, int, 
         last,
     )
     return m, info, snap, last, replayed
+
+
+def check_name(name, what: str = "name") -> str:
+    """A map name as ``POST /v1/maps`` accepts it (``NAME_PATTERN``); raises ``InvalidArgument``."""
+    from .schemas import NAME_PATTERN
+
+    if not isinstance(name, str):
+        raise InvalidArgumentType(f"{what}: expected a string, got {type(name).__name__}")
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise InvalidArgument(f"{what}: {name[:80]!r} does not match {NAME_PATTERN}")
+    return name
+
+
+def check_snapshot_meta(meta: dict) -> str | None:
+    """The metadata of an imported snapshot, checked like a create request: the config through
+    ``MapCreate`` (types, ranges, layers), the stored name (if any) through ``check_name``. Returns the
+    stored name. Raises ``InvalidArgument`` naming the field."""
+    from pydantic import ValidationError
+
+    from .schemas import MapCreate
+
+    config = meta.get("config")
+    try:
+        MapCreate.model_validate({**config, "name": None} if isinstance(config, dict) else config)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first.get("loc", ()))
+        raise InvalidArgument(f"snapshot: config.{loc}: {first.get('msg')}") from None
+    if not isinstance(config.get("voxel_size_m"), (int, float)) or not config.get("layers"):
+        raise InvalidArgument("snapshot: config needs voxel_size_m and layers")
+    info = meta.get("info")
+    if info is None:
+        return None
+    if not isinstance(info, dict):
+        raise InvalidArgument("snapshot: info is not an object")
+    name = info.get("name")
+    return None if name is None else check_name(name, "snapshot: info.name")
+
+
+def check_info(info, map_id: str) -> dict:
+    """A map's ``info.json`` as the service wrote it (id of its directory, a valid name, a config dict)."""
+    if not isinstance(info, dict):
+        raise InvalidArgument("info.json: not an object")
+    if info.get("id") != map_id:
+        raise InvalidArgument(f"info.json: id {info.get('id')!r} is not the directory's {map_id!r}")
+    check_name(info.get("name"), "info.json: name")
+    if not isinstance(info.get("config"), dict):
+        raise InvalidArgument("info.json: config is not an object")
+    return info
 
 
 def new_map_id() -> str:
@@ -500,7 +569,10 @@ class MapService:
         self.device = self._device(settings.device)
         self.data = DataDir(settings.data_dir, fsync=settings.fsync)
         self.limits = wire.Limits(
-            settings.max_points_per_frame, settings.max_image_pixels, settings.max_query_points
+            settings.max_points_per_frame,
+            settings.max_image_pixels,
+            settings.max_query_points,
+            settings.max_pose_translation_m,
         )
         self.maps: dict[str, MapEntry] = {}
         self.query_pool = ThreadPoolExecutor(settings.query_threads, thread_name_prefix="query")
@@ -556,8 +628,12 @@ class MapService:
 
     def _recover(self, map_id: str) -> MapEntry:
         mdir = self.data.map_dir(map_id)
-        m, info, snap, last, replayed = recover_map(mdir, self.device)
+        quarantined: list = []
+        m, info, snap, last, replayed = recover_map(mdir, self.device, quarantined)
+        if quarantined:
+            self.metrics.quarantined.labels(map_id).inc(len(quarantined))
         entry = MapEntry(self, info, m, mdir, last, snap.seq if snap else 0)
+        entry.quarantined = mdir.quarantined()
         entry.last_snapshot = snap
         entry.snapshot_version = m.version if (snap is not None and replayed == 0) else -1
         return entry
@@ -573,6 +649,14 @@ class MapService:
                     await e.snapshot()
                 except Exception:
                     log.exception("map %s: periodic snapshot failed", e.id)
+
+    def quarantine_report(self, per_map: int = 10) -> dict[str, dict]:
+        """Maps with quarantined WAL records: ``{id: {"count", "records": the newest per_map notes}}``."""
+        out = {}
+        for e in list(self.maps.values()):
+            if e.quarantined:
+                out[e.id] = {"count": len(e.quarantined), "records": e.quarantined[-per_map:]}
+        return out
 
     # ----------------------------------------------------------------------------------------- maps
     def check_ready(self) -> None:
@@ -598,6 +682,10 @@ class MapService:
         return await self._register(name, m, None)
 
     async def _register(self, name: str | None, m: Map, snapshot: tuple | None) -> MapEntry:
+        """Store and serve a new map. All or nothing: the snapshot (if any) is written before ``info.json``
+        (which makes the directory a map) and a failure removes the directory again."""
+        if name is not None:
+            check_name(name)
         async with self._names_lock:
             if len(self.maps) >= self.settings.max_maps:
                 raise Conflict(f"map limit reached ({self.settings.max_maps} maps; MAPPER_MAX_MAPS)")
@@ -612,12 +700,18 @@ class MapService:
                 "config": m.config(),
             }
             mdir = self.data.map_dir(map_id)
-            await asyncio.to_thread(mdir.write_info, info)
-            snap = None
-            if snapshot is not None:
-                tensors, meta = snapshot
-                snap = await asyncio.to_thread(mdir.write_snapshot, 0, tensors, {**meta, "info": info})
-            entry = MapEntry(self, info, m, mdir, 0, 0)
+            try:
+                snap = None
+                if snapshot is not None:
+                    tensors, meta = snapshot
+                    await asyncio.to_thread(mdir.root.mkdir, parents=True, exist_ok=True)
+                    snap = await asyncio.to_thread(mdir.write_snapshot, 0, tensors, {**meta, "info": info})
+                await asyncio.to_thread(mdir.write_info, info)
+                entry = MapEntry(self, info, m, mdir, 0, 0)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(mdir.remove)
+                raise
             entry.last_snapshot = snap
             self.maps[map_id] = entry
             entry.start()
@@ -625,10 +719,13 @@ class MapService:
             return entry
 
     async def import_map(self, data: bytes, name: str | None) -> MapEntry:
+        """A map from an exported snapshot file. Its metadata is checked like a create request (stored
+        name, config) before anything is written; a refused import leaves nothing behind."""
         self.check_ready()
 
         def load():
             tensors, meta = load_snapshot_bytes(data)
+            stored = check_snapshot_meta(meta)
             try:
                 m = Map.from_state_dict(tensors, meta, device=self.device)
             except MapperError:
@@ -637,12 +734,12 @@ class MapService:
                 raise InvalidArgument(
                     f"snapshot: does not describe a map ({type(e).__name__}: {e})"
                 ) from None
-            return m, tensors, meta
+            return m, tensors, meta, stored
 
-        m, tensors, meta = await asyncio.to_thread(load)
+        m, tensors, meta, stored = await asyncio.to_thread(load)
         if name is None:
-            name = (meta.get("info") or {}).get("name")
-            if isinstance(name, str) and any(e.name == name for e in self.maps.values()):
+            name = stored
+            if name is not None and any(e.name == name for e in self.maps.values()):
                 name = None
         state_meta = {k: meta[k] for k in ("config", "frames_integrated", "version") if k in meta}
         return await self._register(name, m, (tensors, state_meta))
@@ -673,8 +770,11 @@ def data_dir_free_bytes(path) -> int:
 
 
 def save_new_map(data: DataDir, m: Map, name: str | None = None) -> dict:
-    """Write a map built offline into a data directory (info + snapshot), as the service would store it;
-    ``mapper serve`` with that ``MAPPER_DATA_DIR`` serves it. Returns its info."""
+    """Write a map built offline into a data directory (snapshot, then info), as the service would store it;
+    ``mapper serve`` with that ``MAPPER_DATA_DIR`` serves it. Returns its info. ``name`` must match
+    ``NAME_PATTERN`` (``InvalidArgument`` otherwise)."""
+    if name is not None:
+        check_name(name)
     map_id = new_map_id()
     info = {
         "id": map_id,
@@ -683,9 +783,10 @@ def save_new_map(data: DataDir, m: Map, name: str | None = None) -> dict:
         "config": m.config(),
     }
     mdir = data.map_dir(map_id)
-    mdir.write_info(info)
+    mdir.root.mkdir(parents=True, exist_ok=True)
     tensors, meta = m.state_dict()
     mdir.write_snapshot(0, tensors, {**meta, "info": info})
+    mdir.write_info(info)
     return info
 
 

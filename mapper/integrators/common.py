@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .._validation import as_tensor
+from .._validation import as_tensor, check_pinhole
 from ..errors import InvalidArgument, InvalidArgumentType
 from ..kernels.chunks import row_slices
 from ..kernels.dda import dda_torch, dda_triton
@@ -42,8 +42,11 @@ def check_pose(name: str, T, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
-def check_intrinsics(name: str, K, device: torch.device) -> torch.Tensor:
-    """Pinhole intrinsics as a 3x3 matrix or [fx, fy, cx, cy] -> float64 ``[3, 3]``."""
+def check_intrinsics(
+    name: str, K, device: torch.device, image_hw: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """Pinhole intrinsics as a 3x3 matrix or [fx, fy, cx, cy] -> float64 ``[3, 3]``. With ``image_hw``
+    (H, W), the field of view must be sane too (``mapper._validation.check_pinhole``)."""
     t = as_tensor(name, K).detach().cpu().to(torch.float64)
     if t.numel() == 4 and t.dim() == 1:
         fx, fy, cx, cy = t.tolist()
@@ -52,6 +55,10 @@ def check_intrinsics(name: str, K, device: torch.device) -> torch.Tensor:
         raise InvalidArgument(f"{name}: expected shape [3, 3] or [fx, fy, cx, cy], got {list(t.shape)}")
     if not bool(torch.isfinite(t).all()) or t[0, 0] <= 0 or t[1, 1] <= 0:
         raise InvalidArgument(f"{name}: focal lengths must be positive and finite")
+    if image_hw is not None:
+        check_pinhole(
+            name, float(t[0, 0]), float(t[1, 1]), float(t[0, 2]), float(t[1, 2]), image_hw[1], image_hw[0]
+        )
     return t.to(device)
 
 

@@ -1,4 +1,4 @@
-"""Liveness, readiness and Prometheus metrics (no token: probes and scrapers call these)."""
+"""Liveness and readiness (no token: probes call these) and Prometheus metrics (a token once any is set)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..deps import MetricsDep, ServiceDep
+from ..deps import MetricsAuth, MetricsDep, ServiceDep
 
 router = APIRouter(tags=["health"])
 
@@ -19,7 +19,9 @@ async def healthz() -> dict:
 
 @router.get("/readyz", responses={503: {"description": "restoring maps or stopping"}})
 async def readyz(service: ServiceDep):
-    """Maps are restored and the service accepts work (503 while restoring or stopping)."""
+    """Maps are restored and the service accepts work (503 while restoring or stopping). ``failed``: maps
+    left on disk that could not be restored (id -> error); ``quarantined``: per map, the WAL records that
+    failed on replay and were kept aside (``maps/<id>/quarantine/``; the map is served without them)."""
     if service.stopping or not service.ready.is_set():
         state = "stopping" if service.stopping else "restoring"
         return JSONResponse({"type": "unavailable", "detail": state}, status_code=503)
@@ -27,13 +29,20 @@ async def readyz(service: ServiceDep):
         "status": "ready",
         "maps": len(service.maps),
         "failed": service.failed,
+        "quarantined": service.quarantine_report(),
         "device": str(service.device),
     }
 
 
-@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, 401: {"description": "token required"}},
+    dependencies=[MetricsAuth],
+)
 async def metrics(m: MetricsDep, service: ServiceDep) -> Response:
-    """Prometheus text format."""
+    """Prometheus text format. Needs no token when none is configured; otherwise ``MAPPER_METRICS_TOKEN``
+    or an API/read token (``Authorization: Bearer``): the series name maps."""
     for e in list(service.maps.values()):
         m.queue_depth.labels(e.id).set(e.queue.qsize())
     return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from ...errors import NotFound
-from ..deps import EntryDep, ReadAuth, ServiceDep, SettingsDep, WriteAuth
+from ..deps import EntryDep, ReadAuth, ServiceDep, SettingsDep, WriteAuth, attachment
 from ..schemas import (
     IMPORT_BODY,
     NAME_PATTERN,
@@ -145,7 +145,7 @@ async def export_map(entry: EntryDep) -> StreamingResponse:
         chunks(),
         media_type="application/octet-stream",
         headers={
-            "Content-Disposition": f'attachment; filename="{entry.name}-{snap.seq}.safetensors"',
+            "Content-Disposition": attachment(f"{entry.name}-{snap.seq}.safetensors"),
             "Content-Length": str(size),
             "X-Mapper-Seq": str(snap.seq),
         },

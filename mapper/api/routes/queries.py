@@ -14,7 +14,7 @@ from fastapi.responses import Response
 
 from ... import wire
 from ...errors import InvalidArgument
-from ..deps import EntryDep, ReadAuth, read_message, reply
+from ..deps import EntryDep, ReadAuth, attachment, read_message, reply
 from ..schemas import QUERY_BODY, BoxRequest, ErrorBody
 from ..service import MapEntry, require
 
@@ -225,6 +225,6 @@ async def get_mesh(
         return Response(
             out,
             media_type="application/octet-stream",
-            headers={"Content-Disposition": f'attachment; filename="{entry.name}.ply"'},
+            headers={"Content-Disposition": attachment(f"{entry.name}.ply")},
         )
     return Response(out, media_type=wire.MSGPACK)
