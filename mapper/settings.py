@@ -3,7 +3,7 @@
 ``MAPPER_HOST``, ``MAPPER_PORT``, ``MAPPER_DATA_DIR``, ``MAPPER_DEVICE`` (``auto`` = CUDA when available),
 ``MAPPER_API_TOKENS`` (comma-separated bearer tokens with full access), ``MAPPER_READ_TOKENS`` (read-only
 tokens), limits (``MAPPER_MAX_BODY_BYTES``, ...), ``MAPPER_SNAPSHOT_INTERVAL_S`` and the default map
-parameters. ``mapper serve`` reads them; its flags override them.
+parameters, ``MAPPER_SHUTDOWN_GRACE_S``. ``mapper serve`` reads them; its flags override them.
 """
 
 from __future__ import annotations
@@ -63,6 +63,9 @@ class Settings(BaseSettings):
     # behaviour
     esdf_update: Literal["eager", "lazy"] = "eager"  # eager: before each ack; lazy: on the next query
     query_threads: int = Field(4, gt=0)
+    # SIGTERM: streams ack what they took and close within this (then uvicorn waits as long for the
+    # HTTP requests still running, then every map is snapshotted); see mapper.api.shutdown
+    shutdown_grace_s: float = Field(20.0, gt=0)
 
     # defaults of POST /v1/maps
     default_voxel_size_m: float = Field(0.1, gt=0)

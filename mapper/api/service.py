@@ -178,6 +178,7 @@ class MapEntry:
         self.closed = False
         self.task: asyncio.Task | None = None
         self.stats_time = 0.0
+        self.in_flight = 0  # operations queued or being processed whose future is not resolved yet
 
     # ------------------------------------------------------------------------------ async interface
     def start(self) -> None:
@@ -198,6 +199,7 @@ class MapEntry:
             raise Busy(
                 f"map {self.id!r}: queue full ({self.settings.queue_depth} operations); retry"
             ) from None
+        self.in_flight += 1
         self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
         return op.future
 
@@ -205,6 +207,7 @@ class MapEntry:
         """Queue an operation, waiting for room (WebSocket backpressure, maintenance operations)."""
         op = self._op(kind, args, record)
         await self.queue.put(op)
+        self.in_flight += 1
         self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
         return op.future
 
@@ -253,6 +256,7 @@ class MapEntry:
                     o.future.set_exception(res)
                 else:
                     o.future.set_result(res)
+            self.in_flight -= len(batch)
         self.metrics.queue_depth.labels(self.id).set(0)
 
     # ------------------------------------------------------------------------------- writer thread
@@ -506,6 +510,8 @@ class MapService:
         self.query_pool = ThreadPoolExecutor(settings.query_threads, thread_name_prefix="query")
         self.ready = asyncio.Event()
         self.stopping = False
+        self.draining = asyncio.Event()  # set by drain(): WebSocket streams stop reading, ack and close
+        self.streams = 0  # open WebSocket streams (they register themselves)
         self.failed: dict[str, str] = {}
         self._names_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
@@ -522,8 +528,29 @@ class MapService:
         self._tasks.append(loop.create_task(self._recover_all(), name="recover"))
         self._tasks.append(loop.create_task(self._snapshot_loop(), name="snapshots"))
 
+    async def drain(self, grace_s: float) -> bool:
+        """The first step of a graceful shutdown (SIGTERM): take no new work and finish the work taken.
+        New requests and streams get 503; every open stream stops reading, sends the acks of the frames it
+        took and closes (1012); queued operations finish. Returns True when no stream is open and nothing
+        is in flight, False when ``grace_s`` ran out first."""
+        self.stopping = True
+        self.draining.set()
+        deadline = time.monotonic() + grace_s
+        while self.streams or any(e.in_flight for e in self.maps.values()):
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "shutdown: %.0f s grace over with %d streams open and %d operations in flight",
+                    grace_s,
+                    self.streams,
+                    sum(e.in_flight for e in self.maps.values()),
+                )
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
     async def stop(self) -> None:
         self.stopping = True
+        self.draining.set()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
