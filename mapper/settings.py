@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     # SIGTERM: streams ack what they took and close within this (then uvicorn waits as long for the
     # HTTP requests still running, then every map is snapshotted); see mapper.api.shutdown
     shutdown_grace_s: float = Field(20.0, gt=0)
+    # native heap (glibc): cap the malloc arenas, give free pages back every N s (mapper.api.memory)
+    malloc_arena_max: int = Field(2, ge=0)  # 0 = glibc's default (8 per core)
+    malloc_trim_s: float = Field(10.0, ge=0)  # 0 = never
 
     # defaults of POST /v1/maps
     default_voxel_size_m: float = Field(0.1, gt=0)

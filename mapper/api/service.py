@@ -34,6 +34,7 @@ from ..errors import Conflict, InvalidArgument, MapperError, NotFound
 from ..map import Map
 from ..persistence import DataDir, MapDir, Snapshot, load_snapshot_bytes
 from ..settings import Settings
+from . import memory
 from .errors import Busy, Unavailable
 from .metrics import Metrics
 
@@ -507,6 +508,7 @@ class MapService:
             settings.max_points_per_frame, settings.max_image_pixels, settings.max_query_points
         )
         self.maps: dict[str, MapEntry] = {}
+        memory.limit_arenas(settings.malloc_arena_max)  # before the service's threads start
         self.query_pool = ThreadPoolExecutor(settings.query_threads, thread_name_prefix="query")
         self.ready = asyncio.Event()
         self.stopping = False
@@ -527,6 +529,8 @@ class MapService:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._recover_all(), name="recover"))
         self._tasks.append(loop.create_task(self._snapshot_loop(), name="snapshots"))
+        if self.settings.malloc_trim_s > 0 and memory.available():
+            self._tasks.append(loop.create_task(self._trim_loop(), name="malloc-trim"))
 
     async def drain(self, grace_s: float) -> bool:
         """The first step of a graceful shutdown (SIGTERM): take no new work and finish the work taken.
@@ -600,6 +604,12 @@ class MapService:
                     await e.snapshot()
                 except Exception:
                     log.exception("map %s: periodic snapshot failed", e.id)
+
+    async def _trim_loop(self) -> None:
+        """Return freed heap pages to the OS now and then (see ``mapper.api.memory``)."""
+        while True:
+            await asyncio.sleep(self.settings.malloc_trim_s)
+            await asyncio.to_thread(memory.trim)
 
     # ----------------------------------------------------------------------------------------- maps
     def check_ready(self) -> None:
