@@ -58,6 +58,7 @@ def test_sigterm_acks_every_frame_it_took(tmp_path, cmd):
         t.join(30)
     finally:
         server.stop()
+    print(f"SIGTERM -> exit: {shutdown_s:.2f} s")
     assert shutdown_s < GRACE_S, f"shutdown took {shutdown_s:.1f} s: {server.log()}"
     assert "grace over" not in server.log()  # the drain finished in time (no warning)
     # the client saw a 1012 close with the reason, after the acks of the frames in flight at the signal
