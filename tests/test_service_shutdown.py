@@ -109,3 +109,16 @@ def test_drain_acks_then_closes_and_refuses_new_work(tmp_path):
         with pytest.raises(WebSocketDenialResponse) as e2, c.websocket_connect(f"/v1/maps/{mid}/stream"):
             pass
         assert e2.value.status_code == 503 and e2.value.json()["detail"] == "the service is stopping"
+
+
+def test_drain_gives_up_after_the_grace(tmp_path):
+    """An operation that never finishes cannot hold the shutdown: drain() returns False after the grace."""
+    with client(tmp_path) as c:
+        mid = c.post("/v1/maps", json={"voxel_size_m": 0.25, "layers": ["tsdf"]}).json()["id"]
+        service = c.app.state.service
+        service.maps[mid].in_flight += 1  # as if a frame were stuck in the writer
+        t = time.monotonic()
+        assert c.portal.call(service.drain, 0.3) is False
+        assert 0.3 <= time.monotonic() - t < 5
+        service.maps[mid].in_flight -= 1
+        assert c.portal.call(service.drain, 5.0) is True
