@@ -8,9 +8,9 @@ over and over (real norlab LiDAR scans from ``--data``, or simulated ones when a
 WebSocket stream and half by HTTP POST, so the maps stop growing after the first cycle; ``--readers``
 clients query distances, ESDF slices and meshes of those maps back to back. Every few seconds the server's
 resident memory (VmRSS) is sampled. The report gives errors by kind, request counts, latencies
-(p50/p99/max), RSS at start / 10 min / end (2-minute means) and the growth over the last 20 minutes
-(the last two thirds of shorter runs). Exit status 1 when there were errors or the growth exceeds
-``--max-growth``.
+(p50/p99/max), RSS at start / 10 min / end (2-minute means) and the growth over the last 20 minutes (the
+last two thirds of shorter runs; a Theil-Sen line through the samples). Exit status 1 when there
+were errors or the growth exceeds ``--max-growth``.
 
 A 429 (queue full) is backpressure, not an error: the writer retries it and it is counted apart.
 """
@@ -294,15 +294,28 @@ def run(args) -> dict:
     }
 
 
+def rss_growth(samples: list[tuple[float, int]], w0: float, w1: float) -> tuple[float, float]:
+    """(growth over [w0, w1] as a fraction, slope in MiB/min) of a Theil-Sen line (the median of the
+    pairwise slopes) through the RSS samples of the window: robust to the ~10 % swings and spikes of the
+    requests in flight, which the difference of two samples (or of two short means) is not."""
+    tail = [(t, r) for t, r in samples if w0 <= t <= w1]
+    if len(tail) < 3:
+        return 0.0, 0.0
+    t = np.array([x for x, _ in tail]) / 60
+    r = np.array([y for _, y in tail]) / 2**20
+    i, j = np.triu_indices(len(t), 1)
+    slope = float(np.median((r[j] - r[i]) / (t[j] - t[i])))
+    start = float(np.median(r - slope * t)) + slope * t[0]
+    return slope * (t[-1] - t[0]) / start, slope
+
+
 def report(args, res: dict, argv: list[str]) -> tuple[str, bool]:
     st: Stats = res["stats"]
     samples = res["samples"]
     elapsed = res["elapsed"]
     w0, w1 = growth_window(elapsed)
     r0, r1 = rss_at(samples, w0), rss_at(samples, w1)
-    growth = (r1 - r0) / r0
-    tail = [(t, r) for t, r in samples if t >= w0]
-    slope = np.polyfit([t / 60 for t, _ in tail], [r / 2**20 for _, r in tail], 1)[0] if len(tail) > 2 else 0
+    growth, slope = rss_growth(samples, w0, w1)
     n_err = sum(st.errors.values())
     ok = n_err == 0 and growth <= args.max_growth
     mib = 2**20
@@ -318,9 +331,11 @@ def report(args, res: dict, argv: list[str]) -> tuple[str, bool]:
         f"{args.snapshot_interval_s:g} s); {args.readers} readers cycling distance queries (5 000 points), "
         f"ESDF slices (msgpack, PNG) and meshes (full, since a version), {args.reader_pause_s:g} s apart",
         f"- duration: {elapsed / 60:.1f} min; RSS sampled every {args.sample_s:g} s",
+        *([f"- note: {args.note}"] if args.note else []),
         "",
         f"**Result: {'PASS' if ok else 'FAIL'}** — {n_err} errors; RSS growth {growth * 100:+.2f} % over "
-        f"{w0 / 60:.1f}–{w1 / 60:.1f} min (limit {args.max_growth * 100:.0f} %), slope {slope:+.2f} MiB/min.",
+        f"{w0 / 60:.1f}–{w1 / 60:.1f} min (limit {args.max_growth * 100:.0f} %; Theil-Sen line through "
+        f"the samples: {slope:+.2f} MiB/min); 2-minute means {r0 / mib:.0f} → {r1 / mib:.0f} MiB.",
         "",
         "| server RSS (mean over 2 min from) | MiB |",
         "|---|---|",
@@ -350,8 +365,8 @@ def report(args, res: dict, argv: list[str]) -> tuple[str, bool]:
         "Active voxels / layer MiB (all maps and layers, by minute): "
         + ", ".join(f"{t / 60:.0f}: {v} / {b / mib:.1f}" for t, (v, b) in res["voxels"]),
         "",
-        "RSS by minute (MiB): "
-        + ", ".join(f"{t / 60:.0f}: {r / mib:.0f}" for t, r in samples if int(t) % 60 < args.sample_s),
+        "RSS by half minute (MiB): "
+        + ", ".join(f"{t / 60:.1f}: {r / mib:.0f}" for t, r in samples if int(t) % 30 < args.sample_s),
     ]
     return "\n".join(lines) + "\n", ok
 
@@ -376,6 +391,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--token", default="soak-token")
     ap.add_argument("--env", nargs=2, action="append", metavar=("NAME", "VALUE"), help="server env var")
     ap.add_argument("--progress", action="store_true", help="a line per minute on stderr")
+    ap.add_argument("--note", help="a line for the report (e.g. what else ran on the machine)")
     ap.add_argument("--out", type=Path, help="write the markdown report here")
     return ap
 

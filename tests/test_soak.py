@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from soak_service import parser, report, run  # noqa: E402
+from soak_service import parser, report, rss_growth, run  # noqa: E402
 
 
 @pytest.mark.slow
@@ -29,3 +29,18 @@ def test_short_soak_has_no_errors(tmp_path):
     assert len(res["samples"]) >= 10 and all(r > 0 for _, r in res["samples"])
     text, _ = report(args, res, argv)
     assert "0 errors" in text and "| frame/ws |" in text
+
+
+def test_rss_growth_is_a_line_through_the_window():
+    mib = 2**20
+    # 2 MiB/min from 1000 MiB, sampled every 5 s, judged from 10 to 30 min: 2 * 19.92 / 1020
+    line = [(t, int((1000 + 2 * t / 60) * mib)) for t in range(0, 1800, 5)]
+    growth, slope = rss_growth(line, 600, 1800)
+    assert slope == pytest.approx(2.0, rel=1e-6)
+    assert growth == pytest.approx(2 * (1795 - 600) / 60 / 1020, rel=1e-6)
+    # +-150 MiB swings of the requests in flight (a spike at the last sample too) do not move it much
+    noisy = [(t, r + (150 if (t // 5) % 2 else -150) * mib) for t, r in line]
+    noisy[-1] = (noisy[-1][0], noisy[-1][1] + 400 * mib)
+    assert rss_growth(noisy, 600, 1800)[0] == pytest.approx(growth, abs=0.01)
+    flat = [(t, 800 * mib) for t in range(0, 1800, 5)]
+    assert rss_growth(flat, 600, 1800) == (0.0, pytest.approx(0.0, abs=1e-9))
