@@ -60,6 +60,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_server(device: str, data_dir: str, **env) -> tuple[subprocess.Popen, str]:
+    """``mapper serve`` on a free loopback port with ``data_dir`` (``env``: extra ``MAPPER_*`` settings).
+    Returns (process, base URL); the caller waits for readiness and terminates it."""
+    port = free_port()
+    full_env = {
+        **os.environ,
+        "MAPPER_DEVICE": device,
+        "MAPPER_DATA_DIR": data_dir,
+        "MAPPER_PORT": str(port),
+        "MAPPER_HOST": "127.0.0.1",
+        "MAPPER_LOG_LEVEL": "warning",
+        **{k: str(v) for k, v in env.items()},
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "mapper", "serve"], env=full_env)
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def hardware() -> str:
     model = platform.processor() or platform.machine()
     try:
@@ -227,19 +244,9 @@ def main(argv=None) -> None:
     url = args.url
     if url is None:
         tmp = tempfile.mkdtemp(prefix="bench-service-")
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        env = {
-            **os.environ,
-            "MAPPER_DEVICE": args.device,
-            "MAPPER_DATA_DIR": tmp,
-            "MAPPER_PORT": str(port),
-            "MAPPER_HOST": "127.0.0.1",
-            "MAPPER_LOG_LEVEL": "warning",
-            "MAPPER_SNAPSHOT_INTERVAL_S": "0",
-            "MAPPER_ESDF_UPDATE": args.esdf_update,
-        }
-        server = subprocess.Popen([sys.executable, "-m", "mapper", "serve"], env=env)
+        server, url = start_server(
+            args.device, tmp, MAPPER_SNAPSHOT_INTERVAL_S="0", MAPPER_ESDF_UPDATE=args.esdf_update
+        )
     try:
         with MapperClient(url, token=args.token) as c:
             c.wait_ready(120)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import socket
 import subprocess
@@ -145,7 +146,9 @@ def cmd_serve(args) -> int:
         port=settings.port,
         log_level=settings.log_level.lower(),
         ws_max_size=settings.max_body_bytes,
-        timeout_graceful_shutdown=30,
+        # after the drain (SIGTERM -> acks sent, streams closed: mapper.api.shutdown), the HTTP requests
+        # still running get as long again; then the lifespan snapshots every map
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
     )
     return 0
 

@@ -17,6 +17,7 @@ Errors come back as :class:`ApiError` (a ``MapperError``) with ``status``, ``typ
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -329,20 +330,31 @@ class FrameStream:
         finally:
             self.close()
 
-    def _recv(self) -> dict:
+    def _recv(self, raise_errors: bool | None = None) -> dict:
         msg = msgpack.unpackb(self._ws.recv(), raw=False)
         self.in_flight -= 1
         self.acks.append(msg)
         self._new.append(msg)
-        if "type" in msg and self.raise_errors:
+        if "type" in msg and (self.raise_errors if raise_errors is None else raise_errors):
             raise ApiError(msg.get("status", 400), msg["type"], msg.get("detail", ""))
         return msg
 
     def send(self, message: dict) -> list[dict]:
-        """Send one wire frame; returns the acks that arrived while waiting for room in the window."""
+        """Send one wire frame; returns the acks that arrived while waiting for room in the window.
+        When the server closed the stream (a restart closes it with 1012 after acknowledging every frame
+        it took), the acks still buffered are read into ``acks`` before ``ConnectionClosed`` is raised:
+        the frames without an ack were not taken."""
+        from websockets.exceptions import ConnectionClosed
+
         while self.in_flight >= self.window:
             self._recv()
-        self._ws.send(wire.packb(message))
+        try:
+            self._ws.send(wire.packb(message))
+        except ConnectionClosed:
+            with contextlib.suppress(ConnectionClosed):
+                while self.in_flight > 0:
+                    self._recv(raise_errors=False)
+            raise
         self.in_flight += 1
         out = list(self._new)
         self._new.clear()

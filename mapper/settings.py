@@ -3,8 +3,8 @@
 ``MAPPER_HOST``, ``MAPPER_PORT``, ``MAPPER_DATA_DIR``, ``MAPPER_DEVICE`` (``auto`` = CUDA when available),
 ``MAPPER_API_TOKENS`` (comma-separated bearer tokens with full access), ``MAPPER_READ_TOKENS`` (read-only
 tokens), ``MAPPER_METRICS_TOKEN`` (a bearer token for ``/metrics`` only), limits
-(``MAPPER_MAX_BODY_BYTES``, ``MAPPER_MAX_POSE_TRANSLATION_M``, ...), ``MAPPER_SNAPSHOT_INTERVAL_S`` and the
-default map parameters. ``mapper serve`` reads them; its flags override them.
+(``MAPPER_MAX_BODY_BYTES``, ``MAPPER_MAX_POSE_TRANSLATION_M``, ...), ``MAPPER_SNAPSHOT_INTERVAL_S``, the
+default map parameters and ``MAPPER_SHUTDOWN_GRACE_S``. ``mapper serve`` reads them; its flags override them.
 """
 
 from __future__ import annotations
@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     # behaviour
     esdf_update: Literal["eager", "lazy"] = "eager"  # eager: before each ack; lazy: on the next query
     query_threads: int = Field(4, gt=0)
+    # SIGTERM: streams ack what they took and close within this (then uvicorn waits as long for the
+    # HTTP requests still running, then every map is snapshotted); see mapper.api.shutdown
+    shutdown_grace_s: float = Field(20.0, gt=0)
+    # native heap (glibc): cap the malloc arenas, give free pages back every N s (mapper.api.memory)
+    malloc_arena_max: int = Field(2, ge=0)  # 0 = glibc's default (8 per core)
+    malloc_trim_s: float = Field(10.0, ge=0)  # 0 = never
 
     # defaults of POST /v1/maps
     default_voxel_size_m: float = Field(0.1, gt=0)

@@ -74,7 +74,7 @@ def free_port() -> int:
 class Server:
     """``python -m mapper serve`` on a free loopback port with a temp data dir; always cleaned up."""
 
-    def __init__(self, data_dir: Path, log_path: Path, **env):
+    def __init__(self, data_dir: Path, log_path: Path, cmd: list[str] | None = None, **env):
         self.data_dir = data_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -89,11 +89,13 @@ class Server:
         }
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
+        # the command: `mapper serve` (settings from the environment) unless given, e.g. plain uvicorn
+        self.cmd = cmd or [sys.executable, "-m", "mapper", "serve"]
 
     def start(self, timeout: float = 90.0) -> Server:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mapper", "serve"],
+            [c.format(port=self.port) for c in self.cmd],
             env=self.env,
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -19,6 +19,7 @@ from .auth import AuthGate
 from .metrics import Metrics
 from .routes import frames, health, maps, queries
 from .service import MapService
+from .shutdown import DrainOnSignal
 
 log = logging.getLogger("mapper.api")
 
@@ -102,9 +103,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         service = MapService(settings, metrics)
         app.state.service = service
         await service.start()
+        hook = DrainOnSignal(service, settings.shutdown_grace_s).install()  # acks before uvicorn's 1012
         try:
             yield
         finally:
+            hook.uninstall()
             await service.stop()
 
     app = FastAPI(

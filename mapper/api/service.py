@@ -35,6 +35,7 @@ from ..errors import Conflict, InvalidArgument, InvalidArgumentType, MapperError
 from ..map import Map
 from ..persistence import DataDir, MapDir, Snapshot, load_snapshot_bytes
 from ..settings import Settings
+from . import memory
 from .errors import Busy, Unavailable
 from .metrics import Metrics
 
@@ -180,6 +181,7 @@ class MapEntry:
         self.task: asyncio.Task | None = None
         self.stats_time = 0.0
         self.quarantined: list[dict] = []  # notes of WAL records that failed on replay (MapDir.quarantine)
+        self.in_flight = 0  # operations queued or being processed whose future is not resolved yet
 
     # ------------------------------------------------------------------------------ async interface
     def start(self) -> None:
@@ -202,6 +204,7 @@ class MapEntry:
             raise Busy(
                 f"map {self.id!r}: queue full ({self.settings.queue_depth} operations); retry"
             ) from None
+        self.in_flight += 1
         self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
         return op.future
 
@@ -209,6 +212,7 @@ class MapEntry:
         """Queue an operation, waiting for room (WebSocket backpressure, maintenance operations)."""
         op = self._op(kind, args, record)
         await self.queue.put(op)
+        self.in_flight += 1
         self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
         return op.future
 
@@ -257,6 +261,7 @@ class MapEntry:
                     o.future.set_exception(res)
                 else:
                     o.future.set_result(res)
+            self.in_flight -= len(batch)
         self.metrics.queue_depth.labels(self.id).set(0)
 
     # ------------------------------------------------------------------------------- writer thread
@@ -575,9 +580,12 @@ class MapService:
             settings.max_pose_translation_m,
         )
         self.maps: dict[str, MapEntry] = {}
+        memory.limit_arenas(settings.malloc_arena_max)  # before the service's threads start
         self.query_pool = ThreadPoolExecutor(settings.query_threads, thread_name_prefix="query")
         self.ready = asyncio.Event()
         self.stopping = False
+        self.draining = asyncio.Event()  # set by drain(): WebSocket streams stop reading, ack and close
+        self.streams = 0  # open WebSocket streams (they register themselves)
         self.failed: dict[str, str] = {}
         self._names_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
@@ -593,9 +601,32 @@ class MapService:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._recover_all(), name="recover"))
         self._tasks.append(loop.create_task(self._snapshot_loop(), name="snapshots"))
+        if self.settings.malloc_trim_s > 0 and memory.available():
+            self._tasks.append(loop.create_task(self._trim_loop(), name="malloc-trim"))
+
+    async def drain(self, grace_s: float) -> bool:
+        """The first step of a graceful shutdown (SIGTERM): take no new work and finish the work taken.
+        New requests and streams get 503; every open stream stops reading, sends the acks of the frames it
+        took and closes (1012); queued operations finish. Returns True when no stream is open and nothing
+        is in flight, False when ``grace_s`` ran out first."""
+        self.stopping = True
+        self.draining.set()
+        deadline = time.monotonic() + grace_s
+        while self.streams or any(e.in_flight for e in self.maps.values()):
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "shutdown: %.0f s grace over with %d streams open and %d operations in flight",
+                    grace_s,
+                    self.streams,
+                    sum(e.in_flight for e in self.maps.values()),
+                )
+                return False
+            await asyncio.sleep(0.02)
+        return True
 
     async def stop(self) -> None:
         self.stopping = True
+        self.draining.set()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -657,6 +688,12 @@ class MapService:
             if e.quarantined:
                 out[e.id] = {"count": len(e.quarantined), "records": e.quarantined[-per_map:]}
         return out
+
+    async def _trim_loop(self) -> None:
+        """Return freed heap pages to the OS now and then (see ``mapper.api.memory``)."""
+        while True:
+            await asyncio.sleep(self.settings.malloc_trim_s)
+            await asyncio.to_thread(memory.trim)
 
     # ----------------------------------------------------------------------------------------- maps
     def check_ready(self) -> None:

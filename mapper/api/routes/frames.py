@@ -20,6 +20,7 @@ from ..service import MapEntry, encode_record
 log = logging.getLogger("mapper.api.frames")
 ERRORS = {c: {"model": ErrorBody} for c in (400, 401, 403, 404, 413, 422, 429, 503)}
 router = APIRouter(prefix="/v1/maps", tags=["frames"])
+SHUTDOWN_REASON = "service restarting: every frame taken is acknowledged; resend the rest elsewhere or later"
 
 
 def _decode(body_or_msg, limits: wire.Limits, msgpack_body: bool):
@@ -65,7 +66,10 @@ async def stream_frames(ws: WebSocket, map_id: str):
     """Binary msgpack frames in, msgpack acks out in the same order. When the map's queue is full the
     server stops reading (backpressure); an accepted frame is never dropped. A bad frame gets an error
     message ``{"type", "detail", "frame_id"?}`` in its place and the stream goes on. Auth: the
-    ``Authorization: Bearer`` header, or ``?token=`` for clients that cannot set headers."""
+    ``Authorization: Bearer`` header, or ``?token=`` for clients that cannot set headers.
+
+    On shutdown (SIGTERM) the server stops reading, sends the acks of every frame it took, then closes
+    with 1012 (service restart): frames without an ack were not taken and are safe to resend."""
     app = ws.app
     settings = app.state.settings
     try:
@@ -101,9 +105,17 @@ async def stream_frames(ws: WebSocket, map_id: str):
             await ws.send_bytes(wire.packb(msg))
 
     sender = loop.create_task(send_acks())
+    service = entry.service
+    service.streams += 1
+    draining = loop.create_task(service.draining.wait())
+    recv: asyncio.Task | None = None
     try:
-        while True:
-            message = await ws.receive()
+        while not service.draining.is_set():
+            recv = recv or loop.create_task(ws.receive())
+            await asyncio.wait((recv, draining), return_when=asyncio.FIRST_COMPLETED)
+            if not recv.done():
+                break  # shutting down: take no more frames, ack those taken (below)
+            message, recv = recv.result(), None
             if message["type"] == "websocket.disconnect":
                 break
             t0 = time.perf_counter()
@@ -126,6 +138,9 @@ async def stream_frames(ws: WebSocket, map_id: str):
     except WebSocketDisconnect:
         pass
     finally:
+        for t in (recv, draining):
+            if t is not None:
+                t.cancel()
         metrics.ws_connections.dec()
         if not sender.done():
             with contextlib.suppress(asyncio.QueueFull):
@@ -135,4 +150,8 @@ async def stream_frames(ws: WebSocket, map_id: str):
             except Exception:
                 sender.cancel()
         with contextlib.suppress(Exception):
-            await ws.close()
+            if service.draining.is_set():  # every frame taken is acknowledged: the rest was not read
+                await ws.close(code=1012, reason=SHUTDOWN_REASON)
+            else:
+                await ws.close()
+        service.streams -= 1
