@@ -359,6 +359,15 @@ class FrameStream:
             wire.depth_message(depth, K, T_world_sensor, color, depth_scale, timestamp, frame_id)
         )
 
+    def receive(self) -> dict | None:
+        """Wait for the next ack (None when nothing is in flight); it is not returned again by ``send``
+        or ``flush``."""
+        if self.in_flight <= 0:
+            return None
+        msg = self._recv()
+        self._new.pop()
+        return msg
+
     def flush(self) -> list[dict]:
         """Wait for every outstanding ack; returns the acks not yet returned by ``send``."""
         while self.in_flight > 0:
