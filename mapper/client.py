@@ -27,7 +27,7 @@ import msgpack
 import numpy as np
 
 from . import wire
-from .errors import MapperError
+from .errors import InvalidArgument, InvalidArgumentType, MapperError
 
 
 class ApiError(MapperError):
@@ -239,6 +239,10 @@ class MapperClient:
     # ----------------------------------------------------------------------------------- queries
     def _points(self, points) -> dict:
         p = np.asarray(points)
+        if p.ndim == 0 or p.shape[-1] != 3:
+            raise InvalidArgument(f"points: expected shape [M, 3] (x, y, z in metres), got {list(p.shape)}")
+        if p.dtype.kind not in "fiu":
+            raise InvalidArgumentType(f"points: expected numbers, got dtype {p.dtype}")
         if p.dtype not in (np.float32, np.float64):
             p = p.astype(np.float64)
         return {"points": wire.encode_array(p.reshape(-1, 3))}
