@@ -158,3 +158,13 @@ def test_default_map_name(tmp_path, name):
     p = tmp_path / name
     p.write_bytes(b"") if name.endswith(".bag") else p.mkdir()
     assert default_map_name(p) == "lab"
+
+
+def test_client_query_names_the_expected_shape():
+    from mapper.errors import InvalidArgument, InvalidArgumentType
+
+    with MapperClient(f"http://127.0.0.1:{free_port()}") as c:  # refused before any request is made
+        with pytest.raises(InvalidArgument, match=r"expected shape \[M, 3\].*got \[4, 2\]"):
+            c.query_distance("m", np.zeros((4, 2)))
+        with pytest.raises(InvalidArgumentType, match="expected numbers"):
+            c.query_occupancy("m", np.array([["a", "b", "c"]]))
