@@ -101,6 +101,7 @@ def _offline_docs(app: FastAPI) -> None:
     import fastapi_offline
     from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
     from fastapi.staticfiles import StaticFiles
+
     static = Path(fastapi_offline.__file__).parent / "static"
     app.mount(DOCS_STATIC, StaticFiles(directory=static), name="docs-static")
 
