@@ -1,12 +1,15 @@
 """The ``mapper`` command line: serve, replay datasets, export meshes and slices, run the demo.
 
     mapper serve [--host H] [--port P] [--data-dir D] [--device auto|cpu|cuda] [--token T ...]
-    mapper replay --format kitti|replica|3dmatch|7scenes|norlab PATH (--server URL | --out DATA_DIR)
-    mapper export (--server URL | --data-dir D) --map ID_OR_NAME [--mesh out.ply] [--slice out.png --z 0.5]
+    mapper replay --format kitti|replica|3dmatch|7scenes|norlab|pcd PATH (--server URL | --out DATA_DIR)
+    mapper replay --format rosbag BAG --points-topic T [--world-frame F | --odom-topic T] (--server U|--out D)
+    mapper replay --format rosbag BAG --depth-topic T --camera-info-topic T (--world-frame F | --odom-topic T)
+    mapper export (--server URL | --data-dir D) --map ID_OR_NAME [--mesh out.ply|.obj|.glb] [--slice out.png]
     mapper demo [--data ../shared/data] [--port 8000] [--exit]
 
 Settings not given as flags come from ``MAPPER_*`` environment variables (see ``mapper.settings``);
-``--token`` for the client commands defaults to ``MAPPER_TOKEN``.
+``--token`` for the client commands defaults to ``MAPPER_TOKEN``. Exit codes: 0 done, 1 an error (bad
+input, refused by the server, map not found), 2 bad usage, 3 the server cannot be reached.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +31,22 @@ import numpy as np
 from .datasets import default_data_dir
 from .errors import MapperError
 
-FORMATS = ("kitti", "replica", "3dmatch", "7scenes", "norlab")
+FORMATS = ("kitti", "replica", "3dmatch", "7scenes", "norlab", "rosbag", "pcd")
+
+# exit codes: 0 done, 1 an error (bad input, refused by the server, map not found), 2 bad usage,
+# 3 the server cannot be reached or the connection broke
+EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+
+
+class ServerUnreachable(MapperError):
+    """Nothing answers at the server URL (or the connection broke)."""
 
 
 # ------------------------------------------------------------------------------------------- helpers
 class Progress:
-    """A one-line progress bar on stderr (no dependency)."""
+    """A one-line progress bar on stderr (no dependency): ``done`` counts acknowledged frames; the line
+    shows frames/s (acknowledged) and whatever ``extra`` the caller adds (ack latency, frames in flight).
+    Not a terminal: one line at most every 2 s, and the last."""
 
     def __init__(self, total: int, label: str, stream=None, width: int = 28):
         stream = stream or sys.stderr
@@ -46,10 +60,10 @@ class Progress:
         if not self.tty and done < self.total and now - self._last < 2.0:
             return
         self._last = now
-        frac = done / self.total
+        frac = min(done / self.total, 1.0)
         bar = "#" * int(frac * self.width) + "-" * (self.width - int(frac * self.width))
         rate = done / max(now - self.t0, 1e-9)
-        line = f"{self.label} [{bar}] {done}/{self.total} {rate:5.1f} frames/s {extra}"
+        line = f"{self.label} [{bar}] {done}/{self.total} acked {rate:5.1f} frames/s {extra}".rstrip()
         self.stream.write(("\r" if self.tty else "") + line + ("" if self.tty else "\n"))
         self.stream.flush()
 
@@ -59,10 +73,17 @@ class Progress:
             self.stream.flush()
 
 
-def open_dataset(fmt: str, path: Path):
-    """(dataset, kind) for a format name; datasets are the readers of :mod:`mapper.datasets`."""
+def _latency_text(lat: list[float]) -> str:
+    return f"ack p50 {np.median(lat) * 1e3:.0f} ms" if lat else ""
+
+
+def open_dataset(fmt: str, path: Path, args=None):
+    """(dataset, kind) for a format name; the readers of :mod:`mapper.datasets` and
+    :mod:`mapper.recordings` (``rosbag`` takes its topics and pose source from ``args``)."""
     from . import datasets
 
+    if not path.exists():
+        raise MapperError(f"path: {path} does not exist")
     if fmt == "kitti":
         ds = datasets.KittiOdometry(path)
         if ds.poses is None:
@@ -74,7 +95,38 @@ def open_dataset(fmt: str, path: Path):
         return datasets.ReplicaSequence(path), "depth"
     if fmt in ("3dmatch", "7scenes"):
         return datasets.SevenScenesSequence(path), "depth"
+    if fmt == "pcd":
+        from .recordings import PcdSequence
+
+        return PcdSequence(path), "lidar"
+    if fmt == "rosbag":
+        from .recordings import RosbagSequence
+
+        a = args or argparse.Namespace()
+        points, depth = getattr(a, "points_topic", None), getattr(a, "depth_topic", None)
+        if (points is None) == (depth is None):
+            raise MapperError(
+                "rosbag: give --points-topic (PointCloud2) or --depth-topic + --camera-info-topic"
+            )
+        ds = RosbagSequence(
+            path,
+            points_topic=points,
+            depth_topic=depth,
+            camera_info_topic=getattr(a, "camera_info_topic", None),
+            world_frame=getattr(a, "world_frame", None),
+            odom_topic=getattr(a, "odom_topic", None),
+            sensor_frame=getattr(a, "sensor_frame", None),
+            max_pose_gap_s=getattr(a, "max_pose_gap", None) or 0.1,
+        )
+        return ds, ds.kind
     raise MapperError(f"format: expected one of {FORMATS}, got {fmt!r}")
+
+
+def default_map_name(path: Path) -> str:
+    """A replayed map's name unless ``--name``: the recording's folder or file name (``3dmatch_seq01``,
+    ``lab`` for ``lab.bag``)."""
+    p = Path(path).resolve()
+    return p.stem if p.is_file() else p.name
 
 
 def default_layers(kind: str) -> list[str]:
@@ -154,61 +206,111 @@ def cmd_serve(args) -> int:
 
 
 # -------------------------------------------------------------------------------------------- replay
-def replay_to_server(args, ds, kind: str, idx: list[int]) -> dict:
+def connect(url: str, token: str | None, wait_s: float = 5.0):
+    """A :class:`~mapper.client.MapperClient` for ``url`` once its ``/readyz`` answers 200. Retries for
+    ``wait_s`` seconds (a server that is starting or restoring maps), then raises :class:`ServerUnreachable`
+    with the reason in one line."""
+    import httpx
+
     from .client import MapperClient
 
-    with MapperClient(args.server, token=_token(args)) as c:
-        c.wait_ready(60)
+    c = MapperClient(url, token=token)
+    deadline = time.monotonic() + max(wait_s, 0.0)
+    while True:
+        try:
+            r = c._http.get("/readyz", timeout=min(max(wait_s, 1.0), 10.0))
+            if r.status_code == 200:
+                return c
+            why = f"/readyz answers HTTP {r.status_code}" + (
+                " (restoring maps)" if r.status_code == 503 else ""
+            )
+        except httpx.HTTPError as e:
+            why = _transport_reason(e)
+        if time.monotonic() >= deadline:
+            c.close()
+            raise ServerUnreachable(
+                f"cannot reach the mapper service at {url}: {why} (waited {wait_s:g} s; is `mapper serve` "
+                "running there? --wait S waits longer)"
+            )
+        time.sleep(0.2)
+
+
+def _transport_reason(e: BaseException) -> str:
+    import httpx
+
+    if isinstance(e, httpx.ConnectError):
+        cause = e.__context__ or e.__cause__
+        return f"connection refused or no route ({cause or e})"
+    if isinstance(e, httpx.TimeoutException):
+        return f"timed out ({type(e).__name__})"
+    return f"{type(e).__name__}: {e}"
+
+
+def replay_to_server(args, ds, kind: str, idx: list[int]) -> dict:
+    c = connect(args.server, _token(args), getattr(args, "wait", 5.0))
+    with c:
         m = None
+        name = args.name
         if args.map:
             m = c.get_map(args.map)
-        elif args.name:
-            m = c.find_map(args.name)
+        else:
+            if not name and getattr(args, "path", None):
+                name = default_map_name(args.path)
+            m = c.find_map(name) if name else None
+        created = m is None
         if m is None:
             m = c.create_map(
-                name=args.name,
+                name=name,
                 voxel_size_m=args.voxel,
                 layers=args.layers.split(",") if args.layers else default_layers(kind),
                 max_range_m=args.max_range,
             )
         map_id = m["id"]
         with_color = "color" in m["config"]["layers"]
-        bar = Progress(len(idx), f"replay -> {map_id}")
+        bar = Progress(len(idx), f"replay -> {m['name']}")
         used = dropped = 0
-        lat = []
+        lat: list[float] = []
+        sent_at: deque[float] = deque()
         t0 = time.perf_counter()
 
-        def count(acks):
+        def count(acks, now=None):
             nonlocal used, dropped
+            now = time.perf_counter() if now is None else now
             for a in acks:
                 used += a.get("points_used", 0)
                 dropped += a.get("points_dropped", 0)
+                if sent_at:
+                    lat.append(now - sent_at.popleft())
 
         if args.http:
-            for n, i in enumerate(idx, 1):
-                f = ds[i]
-                t = time.perf_counter()
-                count([_send_http(c, map_id, f, kind, i, with_color)])
-                lat.append(time.perf_counter() - t)
-                bar.update(n)
+            for i in idx:
+                msg = _message(ds[i], kind, i, with_color)
+                sent_at.append(time.perf_counter())
+                count([c.send_frame(map_id, msg)])
+                bar.update(len(lat), _latency_text(lat))
         else:
             with c.stream(map_id, window=args.window) as s:
-                for n, i in enumerate(idx, 1):
-                    count(_send_ws(s, ds[i], kind, i, with_color))
-                    bar.update(n, f"({s.in_flight} in flight)")
-                count(s.flush())
+                for i in idx:
+                    count(s.send(_message(ds[i], kind, i, with_color)))
+                    sent_at.append(time.perf_counter())
+                    bar.update(len(lat), f"{_latency_text(lat)} ({s.in_flight} in flight)")
+                while s.in_flight:
+                    count([s.receive()])
+                    bar.update(len(lat), f"{_latency_text(lat)} ({s.in_flight} in flight)")
         bar.close()
         elapsed = time.perf_counter() - t0
         info = c.get_map(map_id)
     return {
         "map": map_id,
         "name": info["name"],
-        "frames": len(idx),
+        "created": created,
+        "frames": len(lat),
         "points_used": used,
         "points_dropped": dropped,
         "seconds": elapsed,
         "layers": {k: v.get("voxels") for k, v in info["stats"]["layers"].items()},
         "ack_p50_ms": float(np.median(lat) * 1e3) if lat else None,
+        "ack_p99_ms": float(np.percentile(lat, 99) * 1e3) if lat else None,
     }
 
 
@@ -233,11 +335,21 @@ def _send_ws(s, f, kind, i, with_color) -> list[dict]:
 
 def replay_offline(args, ds, kind: str, idx: list[int]) -> dict:
     from . import Map
-    from .api.service import check_name, save_new_map
+    from .api.service import check_name, find_map_dir, save_new_map
     from .persistence import DataDir
 
-    if args.name is not None:
-        check_name(args.name, "--name")  # before the replay, not after it
+    data = DataDir(Path(args.out))
+    name = args.name or default_map_name(args.path)
+    check_name(name, "--name")  # before the replay, not after it
+    try:
+        old = find_map_dir(data, name)
+    except MapperError:
+        old = None
+    if old is not None:
+        raise MapperError(
+            f"name: a map named {name!r} already exists in {args.out} ({old.root.name}); "
+            "give another --name or --out"
+        )
     layers = args.layers.split(",") if args.layers else default_layers(kind)
     m = Map(
         args.voxel or 0.1,
@@ -245,28 +357,32 @@ def replay_offline(args, ds, kind: str, idx: list[int]) -> dict:
         device=None if args.device == "auto" else args.device,
         max_range_m=args.max_range or 100.0,
     )
-    bar = Progress(len(idx), "replay -> " + str(args.out))
+    bar = Progress(len(idx), f"replay -> {name}")
     used = dropped = 0
+    lat: list[float] = []
     t0 = time.perf_counter()
-    for n, i in enumerate(idx, 1):
+    for i in idx:
         f = ds[i]
+        t = time.perf_counter()
         if kind == "lidar":
             r = m.integrate_lidar(f["points"], f["T_world_sensor"])
         else:
             color = f.get("color") if "color" in layers else None
             r = m.integrate_depth(f["depth_m"], f["K"], f["T_world_sensor"], color=color)
+        lat.append(time.perf_counter() - t)
         used += r["points_used"]
         dropped += r["points_dropped"]
-        bar.update(n)
+        bar.update(len(lat), f"integrate p50 {np.median(lat) * 1e3:.0f} ms")
     if "esdf" in layers:
         m.update_esdf()
     bar.close()
     elapsed = time.perf_counter() - t0
-    info = save_new_map(DataDir(Path(args.out)), m, args.name)
+    info = save_new_map(data, m, name)
     stats = m.stats()
     return {
         "map": info["id"],
         "name": info["name"],
+        "created": True,
         "frames": len(idx),
         "points_used": used,
         "points_dropped": dropped,
@@ -277,20 +393,37 @@ def replay_offline(args, ds, kind: str, idx: list[int]) -> dict:
 
 
 def cmd_replay(args) -> int:
+    if args.format != "rosbag" and (
+        args.points_topic or args.depth_topic or args.odom_topic or args.world_frame
+    ):
+        print("mapper replay: --*-topic and --world-frame apply to --format rosbag only", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        ds, kind = open_dataset(args.format, Path(args.path))
+        ds, kind = open_dataset(args.format, Path(args.path), args)
         idx = _frames(ds, kind, args.limit, args.stride)
+        if not idx:
+            raise MapperError(f"path: no frames to replay in {args.path}")
         summary = (
             replay_to_server(args, ds, kind, idx) if args.server else replay_offline(args, ds, kind, idx)
         )
+    except ServerUnreachable:
+        raise
     except MapperError as e:
         print(f"mapper replay: {e}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     fps = summary["frames"] / max(summary["seconds"], 1e-9)
+    skipped = getattr(ds, "skipped", 0)
+    lat = (
+        f"; ack latency p50 {summary['ack_p50_ms']:.0f} ms, p99 {summary['ack_p99_ms']:.0f} ms"
+        if summary.get("ack_p50_ms") is not None
+        else ""
+    )
     print(
-        f"replayed {summary['frames']} {kind} frames into map {summary['map']} ({summary['name']}) in "
-        f"{summary['seconds']:.2f} s ({fps:.1f} frames/s); points used {summary['points_used']}, dropped "
-        f"{summary['points_dropped']}; voxels per layer {summary['layers']}"
+        f"replayed {summary['frames']} {kind} frames into {'new' if summary['created'] else 'existing'} map "
+        f"{summary['name']!r} ({summary['map']}) in {summary['seconds']:.2f} s ({fps:.1f} frames/s "
+        f"acknowledged){lat}; points used {summary['points_used']}, dropped {summary['points_dropped']}"
+        + (f"; {skipped} frames without a pose skipped" if skipped else "")
+        + f"; voxels per layer {summary['layers']}"
         + (f"; stored in {summary['data_dir']}" if "data_dir" in summary else "")
     )
     return 0
@@ -300,27 +433,46 @@ def cmd_replay(args) -> int:
 def cmd_export(args) -> int:
     if not (args.mesh or args.slice or args.snapshot):
         print("mapper export: give --mesh, --slice and/or --snapshot", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    try:
+        if args.mesh:
+            from .io import check_mesh_path
+
+            check_mesh_path(args.mesh)
+    except MapperError as e:
+        print(f"mapper export: --mesh: {e}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if args.server:
             _export_server(args)
         else:
             _export_local(args)
+    except ServerUnreachable:
+        raise
     except MapperError as e:
         print(f"mapper export: {e}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     return 0
 
 
-def _export_server(args) -> None:
-    from .client import MapperClient
+def _write_mesh(path: Path, mesh=None, ply: bytes | None = None) -> None:
+    """``path`` by its extension (.ply, .obj, .glb) from a Mesh or PLY bytes."""
+    from . import io
 
-    with MapperClient(args.server, token=_token(args)) as c:
+    if path.suffix.lower() == ".ply" and ply is not None:
+        path.write_bytes(ply)
+    else:
+        io.write_mesh(path, mesh if mesh is not None else io.read_ply(ply))
+    print(f"mesh -> {path}")
+
+
+def _export_server(args) -> None:
+    c = connect(args.server, _token(args), getattr(args, "wait", 5.0))
+    with c:
         m = c.find_map(args.map)
         map_id = m["id"] if m else args.map
         if args.mesh:
-            Path(args.mesh).write_bytes(c.mesh_ply(map_id))
-            print(f"mesh -> {args.mesh}")
+            _write_mesh(Path(args.mesh), ply=c.mesh_ply(map_id))
         if args.slice:
             Path(args.slice).write_bytes(c.esdf_slice_png(map_id, args.z, resolution_m=args.resolution))
             print(f"ESDF slice z={args.z} -> {args.slice}")
@@ -339,10 +491,7 @@ def _export_local(args) -> None:
     mdir = find_map_dir(data, args.map)
     m, info, snap, last, replayed = recover_map(mdir, None if args.device == "auto" else args.device)
     if args.mesh:
-        from . import io
-
-        Path(args.mesh).write_bytes(io.mesh_to_ply_bytes(m.mesh()))
-        print(f"mesh -> {args.mesh}")
+        _write_mesh(Path(args.mesh), mesh=m.mesh())
     if args.slice:
         from . import render
 
@@ -478,54 +627,146 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-level", help="MAPPER_LOG_LEVEL (default info)")
     s.set_defaults(fn=cmd_serve)
 
-    r = sub.add_parser("replay", help="replay a dataset into a server or a data directory")
-    r.add_argument("--format", required=True, choices=FORMATS)
-    r.add_argument("path", type=Path)
+    r = sub.add_parser(
+        "replay",
+        help="replay a dataset or a recording (ROS bag, PCD files) into a server or a data directory",
+        description="Replay recorded frames into a running service (--server) or into a new map in a "
+        "data directory (--out). Exit codes: 0 done, 1 error, 2 bad usage, 3 server unreachable.",
+    )
+    r.add_argument(
+        "--format",
+        required=True,
+        choices=FORMATS,
+        help="kitti (velodyne/*.bin + poses.txt), replica, 3dmatch / 7scenes, norlab (VTK scans + "
+        "icp_odom.csv), rosbag (ROS 1 .bag or ROS 2 bag folder, sqlite3 or MCAP), pcd (.pcd files)",
+    )
+    r.add_argument(
+        "path", type=Path, help="the dataset folder, .bag file, ROS 2 bag folder or PCD folder/file"
+    )
     dest = r.add_mutually_exclusive_group(required=True)
     dest.add_argument("--server", help="service URL, e.g. http://127.0.0.1:8000")
-    dest.add_argument("--out", type=Path, help="data directory to write the map into (offline)")
+    dest.add_argument("--out", type=Path, help="data directory to write the map into (offline, no server)")
     r.add_argument("--token", help="bearer token (default MAPPER_TOKEN)")
-    r.add_argument("--map", help="existing map id (server)")
-    r.add_argument("--name", help="map name (created if absent)")
+    r.add_argument("--map", help="append to this existing map id (server)")
+    r.add_argument(
+        "--name",
+        help="map name (default: the recording's folder or file name); on a server frames go to the "
+        "map of that name, created if absent",
+    )
     r.add_argument("--voxel", type=float, help="voxel size in metres (new maps; default 0.1)")
     r.add_argument("--layers", help="comma-separated layers (default tsdf,esdf; depth adds color)")
-    r.add_argument("--max-range", type=float, default=None)
+    r.add_argument(
+        "--max-range",
+        type=float,
+        default=None,
+        help="drop returns farther than this many metres from the sensor (new maps; default 100 offline, "
+        "the server's MAPPER_DEFAULT_MAX_RANGE_M otherwise)",
+    )
     r.add_argument("--limit", type=int, help="at most this many frames")
-    r.add_argument("--stride", type=int, default=1, help="every k-th frame")
+    r.add_argument("--stride", type=int, default=1, help="every k-th frame (default 1)")
     r.add_argument("--http", action="store_true", help="one POST per frame instead of a WebSocket stream")
-    r.add_argument("--window", type=int, default=8, help="frames in flight on the WebSocket")
-    r.add_argument("--device", default="auto", help="offline (--out) device")
+    r.add_argument("--window", type=int, default=8, help="frames in flight on the WebSocket (default 8)")
+    r.add_argument(
+        "--wait", type=float, default=5.0, help="seconds to wait for the server to be ready (default 5)"
+    )
+    r.add_argument(
+        "--device",
+        default="auto",
+        help="offline (--out) only: where the map is built, auto | cpu | cuda[:N] (default auto)",
+    )
+    bag = r.add_argument_group("rosbag", "topics and pose source for --format rosbag")
+    bag.add_argument("--points-topic", help="sensor_msgs/PointCloud2 topic (LiDAR frames)")
+    bag.add_argument(
+        "--depth-topic", help="sensor_msgs/Image depth topic (16UC1 millimetres or 32FC1 metres)"
+    )
+    bag.add_argument("--camera-info-topic", help="sensor_msgs/CameraInfo topic of the depth camera")
+    bag.add_argument(
+        "--world-frame",
+        help="poses from /tf + /tf_static: the transform from this frame to each message's frame",
+    )
+    bag.add_argument(
+        "--odom-topic", help="poses from this nav_msgs/Odometry topic (chained with /tf_static to the sensor)"
+    )
+    bag.add_argument("--sensor-frame", help="use this tf frame instead of the messages' header.frame_id")
+    bag.add_argument(
+        "--max-pose-gap",
+        type=float,
+        default=0.1,
+        help="seconds a frame may lie before the first / after the last pose sample (default 0.1); "
+        "frames farther out are skipped and counted",
+    )
     r.set_defaults(fn=cmd_replay)
 
-    e = sub.add_parser("export", help="export a mesh (PLY), an ESDF slice (PNG) or a snapshot")
+    e = sub.add_parser(
+        "export",
+        help="export a mesh (PLY, OBJ, GLB), an ESDF slice (PNG) or a snapshot",
+        description="Exit codes: 0 done, 1 error, 2 bad usage, 3 server unreachable.",
+    )
     src = e.add_mutually_exclusive_group(required=True)
-    src.add_argument("--server", help="service URL")
-    src.add_argument("--data-dir", type=Path, help="a data directory (offline)")
+    src.add_argument("--server", help="service URL, e.g. http://127.0.0.1:8000")
+    src.add_argument("--data-dir", type=Path, help="a data directory (offline, no server)")
     e.add_argument("--map", required=True, help="map id or name")
-    e.add_argument("--token")
-    e.add_argument("--mesh", type=Path, help="write the mesh as binary PLY")
-    e.add_argument("--slice", type=Path, help="write an ESDF slice as PNG")
-    e.add_argument("--z", type=float, default=0.5, help="slice height (m)")
-    e.add_argument("--resolution", type=float, default=None, help="slice resolution (m)")
+    e.add_argument("--token", help="bearer token (default MAPPER_TOKEN)")
+    e.add_argument(
+        "--mesh", type=Path, help="write the mesh; the format follows the extension: .ply, .obj or .glb"
+    )
+    e.add_argument("--slice", type=Path, help="write an ESDF slice as PNG (colour bar, scale bar, axes)")
+    e.add_argument("--z", type=float, default=0.5, help="slice height in metres (default 0.5)")
+    e.add_argument(
+        "--resolution", type=float, default=None, help="slice resolution in metres (default: voxel)"
+    )
     e.add_argument("--snapshot", type=Path, help="write the snapshot (safetensors)")
-    e.add_argument("--device", default="auto")
+    e.add_argument(
+        "--wait", type=float, default=5.0, help="seconds to wait for the server to be ready (default 5)"
+    )
+    e.add_argument(
+        "--device", default="auto", help="offline (--data-dir) only: auto | cpu | cuda[:N] (default auto)"
+    )
     e.set_defaults(fn=cmd_export)
 
     d = sub.add_parser("demo", help="serve + replay ../shared/data through the client + show /metrics")
-    d.add_argument("--data", type=Path, default=default_data_dir())
-    d.add_argument("--host", default="127.0.0.1")
-    d.add_argument("--port", type=int, default=8000)
-    d.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "mapper-demo")
-    d.add_argument("--device", default="cpu")
-    d.add_argument("--token")
+    d.add_argument("--data", type=Path, default=default_data_dir(), help="the sample data (../shared/data)")
+    d.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    d.add_argument("--port", type=int, default=8000, help="port (default 8000; a free one if busy)")
+    d.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "mapper-demo",
+        help="the server's data directory (default: mapper-demo in the temp folder)",
+    )
+    d.add_argument("--device", default="cpu", help="auto | cpu | cuda[:N] (default cpu)")
+    d.add_argument("--token", help="bearer token (default MAPPER_TOKEN)")
     d.add_argument("--exit", action="store_true", help="stop the server after the demo instead of serving on")
     d.set_defaults(fn=cmd_demo)
     return ap
 
 
 def main(argv=None) -> None:
+    """Run a command; failures end in one line on stderr and a non-zero exit (see ``EXIT_*``)."""
+    import httpx
+    from websockets.exceptions import WebSocketException
+
     args = build_parser().parse_args(argv)
-    sys.exit(args.fn(args))
+    cmd = f"mapper {args.command}"
+    try:
+        code = args.fn(args)
+    except KeyboardInterrupt:
+        print(f"{cmd}: interrupted", file=sys.stderr)
+        code = 130
+    except ServerUnreachable as e:
+        print(f"{cmd}: {e}", file=sys.stderr)
+        code = EXIT_UNREACHABLE
+    except (httpx.HTTPError, WebSocketException, ConnectionError, TimeoutError) as e:
+        url = getattr(args, "server", None) or ""
+        print(f"{cmd}: lost the connection to {url}: {_transport_reason(e)}", file=sys.stderr)
+        code = EXIT_UNREACHABLE
+    except MapperError as e:
+        print(f"{cmd}: {e}", file=sys.stderr)
+        code = EXIT_ERROR
+    except OSError as e:  # files: unreadable input, unwritable output
+        print(f"{cmd}: {e}", file=sys.stderr)
+        code = EXIT_ERROR
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import msgpack
 import numpy as np
 
 from . import wire
-from .errors import MapperError
+from .errors import InvalidArgument, InvalidArgumentType, MapperError
 
 
 class ApiError(MapperError):
@@ -240,6 +240,10 @@ class MapperClient:
     # ----------------------------------------------------------------------------------- queries
     def _points(self, points) -> dict:
         p = np.asarray(points)
+        if p.ndim == 0 or p.shape[-1] != 3:
+            raise InvalidArgument(f"points: expected shape [M, 3] (x, y, z in metres), got {list(p.shape)}")
+        if p.dtype.kind not in "fiu":
+            raise InvalidArgumentType(f"points: expected numbers, got dtype {p.dtype}")
         if p.dtype not in (np.float32, np.float64):
             p = p.astype(np.float64)
         return {"points": wire.encode_array(p.reshape(-1, 3))}
@@ -370,6 +374,15 @@ class FrameStream:
         return self.send(
             wire.depth_message(depth, K, T_world_sensor, color, depth_scale, timestamp, frame_id)
         )
+
+    def receive(self) -> dict | None:
+        """Wait for the next ack (None when nothing is in flight); it is not returned again by ``send``
+        or ``flush``."""
+        if self.in_flight <= 0:
+            return None
+        msg = self._recv()
+        self._new.pop()
+        return msg
 
     def flush(self) -> list[dict]:
         """Wait for every outstanding ack; returns the acks not yet returned by ``send``."""

@@ -85,6 +85,45 @@ def write_ply(path: str | os.PathLike, mesh: Mesh) -> None:
         f.write(data)
 
 
+MESH_SUFFIXES = (".ply", ".obj", ".glb")
+
+
+def check_mesh_path(path: str | os.PathLike) -> str:
+    """The mesh file format of ``path`` by its extension (``"ply"``, ``"obj"`` or ``"glb"``); raises
+    :class:`~mapper.errors.InvalidArgument` for any other."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in MESH_SUFFIXES:
+        raise InvalidArgument(
+            f"path: cannot write a mesh as {suffix or 'a file without extension'!r} ({path}); "
+            f"use one of {', '.join(MESH_SUFFIXES)}"
+        )
+    return suffix[1:]
+
+
+def write_mesh(path: str | os.PathLike, mesh: Mesh) -> str:
+    """Write ``mesh`` in the format of ``path``'s extension: ``.ply`` (binary PLY, :func:`write_ply`),
+    ``.obj`` (Wavefront, positions + normals; colours as vertex colours) or ``.glb`` (binary glTF, with
+    vertex colours), the last two through trimesh. Returns the format written."""
+    _check_mesh(mesh)
+    fmt = check_mesh_path(path)
+    if fmt == "ply":
+        write_ply(path, mesh)
+        return fmt
+    import trimesh
+
+    tm = trimesh.Trimesh(
+        vertices=_np(mesh.vertices).astype(np.float64),
+        faces=_np(mesh.faces).astype(np.int64),
+        vertex_normals=_np(mesh.normals).astype(np.float64),
+        vertex_colors=None if mesh.colors is None else _np(mesh.colors).astype(np.uint8),
+        process=False,
+    )
+    data = tm.export(file_type=fmt)
+    with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+    return fmt
+
+
 # ------------------------------------------------------------------------------------------------- read
 class _Element:
     def __init__(self, name: str, count: int):

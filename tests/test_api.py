@@ -325,7 +325,7 @@ def test_metrics_health_and_docs(tmp_path):
         assert c.get("/healthz").json() == {"status": "ok"}
         assert c.get("/readyz").json()["status"] == "ready"
         text = c.get("/metrics").text
-        assert f'mapper_frames_total{{kind="lidar",map="{mid}"}} 2.0' in text
+        assert f'mapper_frames_total{{kind="lidar",map="{mid}",name="m"}} 2.0' in text
         for needle in (
             'mapper_stage_seconds_count{stage="grow"}',
             'mapper_stage_seconds_count{stage="esdf"}',

@@ -53,8 +53,8 @@ def test_client_end_to_end(server, tmp_path):
         copy = c.import_map(tmp_path / "robot.safetensors", name="robot-copy")
         assert copy["frames_integrated"] == 10
         text = c.metrics()
-        assert f'mapper_frames_total{{kind="lidar",map="{mid}"}} 9.0' in text
-        assert f'mapper_frames_total{{kind="depth",map="{mid}"}} 1.0' in text
+        assert f'mapper_frames_total{{kind="lidar",map="{mid}",name="robot"}} 9.0' in text
+        assert f'mapper_frames_total{{kind="depth",map="{mid}",name="robot"}} 1.0' in text
         with pytest.raises(ApiError) as e:
             c.get_map("nope")
         assert e.value.status == 404 and e.value.type == "not_found"

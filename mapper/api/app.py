@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request  # module level: the docs routes' annotations resolve here
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__
@@ -91,6 +92,49 @@ class HttpMetrics:
             self.metrics.http.labels(scope["method"], path, str(status)).observe(time.perf_counter() - t)
 
 
+DOCS_STATIC = "/docs-static"
+
+
+def _offline_docs(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) and ``/redoc`` with their scripts and styles served by the app itself from
+    the assets packaged in ``fastapi-offline``, so the pages work without internet access."""
+    from pathlib import Path
+
+    import fastapi_offline
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+    from fastapi.staticfiles import StaticFiles
+
+    static = Path(fastapi_offline.__file__).parent / "static"
+    app.mount(DOCS_STATIC, StaticFiles(directory=static), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request):
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - Swagger UI",
+            oauth2_redirect_url=f"{root}/docs/oauth2-redirect",
+            swagger_js_url=f"{root}{DOCS_STATIC}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_STATIC}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_STATIC}/favicon.png",
+        )
+
+    @app.get("/docs/oauth2-redirect", include_in_schema=False)
+    async def swagger_ui_redirect():
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request):
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{root}{DOCS_STATIC}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{DOCS_STATIC}/favicon.png",
+            with_google_fonts=False,
+        )
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The service for ``settings`` (default: from the environment). Nothing heavy happens before the
     lifespan starts: the map service (maps restored from ``MAPPER_DATA_DIR``) lives inside it."""
@@ -116,7 +160,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Real-time 3D mapping: msgpack/JSON frame ingest over HTTP and WebSocket, distance, "
         "occupancy and TSDF queries, ESDF slices, meshes, durable maps. Errors are {type, detail}.",
         lifespan=lifespan,
+        docs_url=None,  # served below from packaged assets: no CDN (robots and air-gapped labs)
+        redoc_url=None,
     )
+    _offline_docs(app)
     app.state.settings = settings
     app.state.metrics = metrics
     app.add_exception_handler(MapperError, errors.mapper_error_handler)

@@ -1,10 +1,35 @@
-"""Prometheus metrics of one app instance (its own registry, so several apps can live in one process)."""
+"""Prometheus metrics of one app instance (its own registry, so several apps can live in one process).
+
+Per-map series carry ``map`` (the id) and ``name`` (the map's name, so dashboards and alerts read
+``name="lab"``); the service registers each map's name in ``Metrics.map_names`` and the per-map metrics
+fill the ``name`` label from it (``metric.labels(map_id, ...)`` as before)."""
 
 from __future__ import annotations
 
+import platform
+import sys
+import time
+
 import torch
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
+
+
+class _PerMap:
+    """A labelled metric whose first two labels are ``map`` and ``name``: ``labels(map_id, *rest)`` adds
+    the name registered for ``map_id`` (the id itself until one is)."""
+
+    def __init__(self, metric, names: dict[str, str]):
+        self.metric, self.names = metric, names
+
+    def labels(self, map_id: str, *rest: str):
+        return self.metric.labels(map_id, self.names.get(map_id, map_id), *rest)
+
+    def remove_map(self, map_id: str) -> None:
+        for labels in list(self.metric._metrics):  # prometheus_client has no public "labels of" accessor
+            if labels and labels[0] == map_id:
+                self.metric.remove(*labels)
+
 
 STAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -16,13 +41,48 @@ class Metrics:
     def __init__(self, service_stats=None):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.frames = Counter("mapper_frames", "Frames integrated", ["map", "kind"], registry=r)
-        self.points = Counter("mapper_points", "Points (pixels) per frame", ["map", "result"], registry=r)
-        self.quarantined = Counter(
+        self.map_names: dict[str, str] = {}
+        names = self.map_names
+
+        def per_map(cls, name: str, doc: str, labels=(), **kw) -> _PerMap:
+            return _PerMap(cls(name, doc, ["map", "name", *labels], registry=r, **kw), names)
+
+        from .. import __version__
+
+        Info("mapper_build", "Version of mapper and its main dependencies", registry=r).info(
+            {
+                "version": __version__,
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "cuda": str(torch.version.cuda or "none"),
+                "platform": sys.platform,
+            }
+        )
+        self.frames = per_map(Counter, "mapper_frames", "Frames integrated", ["kind"])
+        self.points = per_map(Counter, "mapper_points", "Points (pixels) per frame", ["result"])
+        self.last_frame = per_map(
+            Gauge, "mapper_last_frame_timestamp_seconds", "Unix time the map's last frame was integrated"
+        )
+        self.registration_fitness = per_map(
+            Gauge,
+            "mapper_registration_fitness",
+            "ICP fitness (inlier fraction) of the map's last frame registered without a pose",
+        )
+        self.registration_rmse = per_map(
+            Gauge,
+            "mapper_registration_rmse_meters",
+            "ICP inlier RMSE of the last frame registered without a pose",
+        )
+        self.registration_fitness_hist = Histogram(
+            "mapper_registration_fitness_ratio",
+            "ICP fitness of frames registered without a pose (all maps)",
+            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0),
+            registry=r,
+        )
+        self.quarantined = per_map(
+            Counter,
             "mapper_wal_quarantined_records",
             "WAL records that failed on replay and were kept aside (maps/<id>/quarantine/)",
-            ["map"],
-            registry=r,
         )
         self.frame_errors = Counter("mapper_frame_errors", "Frames rejected", ["reason"], registry=r)
         self.stage = Histogram(
@@ -65,28 +125,31 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.queue_depth = Gauge(
-            "mapper_queue_depth", "Operations waiting for the map's writer", ["map"], registry=r
-        )
-        self.voxels = Gauge("mapper_active_voxels", "Active voxels per layer", ["map", "layer"], registry=r)
-        self.layer_bytes = Gauge("mapper_layer_bytes", "Bytes per layer", ["map", "layer"], registry=r)
+        self.queue_depth = per_map(Gauge, "mapper_queue_depth", "Operations waiting for the map's writer")
+        self.voxels = per_map(Gauge, "mapper_active_voxels", "Active voxels per layer", ["layer"])
+        self.layer_bytes = per_map(Gauge, "mapper_layer_bytes", "Bytes per layer", ["layer"])
         self.maps = Gauge("mapper_maps", "Maps served", registry=r)
         self.ws_connections = Gauge("mapper_ws_connections", "Open WebSocket streams", registry=r)
         r.register(_GpuMemory())
 
     def forget_map(self, map_id: str) -> None:
         """Drop the per-map series of a deleted map."""
-        for metric in (
-            self.queue_depth,
-            self.voxels,
-            self.layer_bytes,
-            self.frames,
-            self.points,
-            self.quarantined,
-        ):
-            for labels in list(metric._metrics):  # prometheus_client has no public "labels of" accessor
-                if labels and labels[0] == map_id:
-                    metric.remove(*labels)
+        for metric in vars(self).values():
+            if isinstance(metric, _PerMap):
+                metric.remove_map(map_id)
+        self.map_names.pop(map_id, None)
+
+    def frame_done(self, map_id: str, registration: dict | None = None) -> None:
+        """A frame of ``map_id`` was integrated (``registration``: the ICP statistics of a frame that came
+        without a pose)."""
+        self.last_frame.labels(map_id).set(time.time())
+        if registration:
+            fit, rmse = registration.get("fitness"), registration.get("rmse_m")
+            if fit is not None:
+                self.registration_fitness.labels(map_id).set(float(fit))
+                self.registration_fitness_hist.observe(float(fit))
+            if rmse is not None:
+                self.registration_rmse.labels(map_id).set(float(rmse))
 
     def set_layer_stats(self, map_id: str, stats: dict) -> None:
         for layer, s in stats.get("layers", {}).items():

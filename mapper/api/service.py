@@ -163,6 +163,7 @@ class MapEntry:
         self.info = info
         self.id: str = info["id"]
         self.name: str = info["name"]
+        self.metrics.map_names[self.id] = self.name  # the `name` label of the map's series
         self.map = m
         self.dir = mdir
         self.lock = RWLock()
@@ -352,6 +353,7 @@ class MapEntry:
         self.metrics.frames.labels(self.id, f.kind).inc()
         self.metrics.points.labels(self.id, "used").inc(res["points_used"])
         self.metrics.points.labels(self.id, "dropped").inc(res["points_dropped"])
+        self.metrics.frame_done(self.id, op.registration)
         ack = {
             "seq": op.seq,
             "map_version": 0,
