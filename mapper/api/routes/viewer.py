@@ -4,6 +4,9 @@ it polls: block meshes (incremental), the sensor trajectory, occupied voxels and
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
 import time
 from typing import Annotated
 
@@ -16,9 +19,37 @@ from ..deps import EntryDep, ReadAuth, reply
 from ..schemas import ErrorBody
 from ..service import require
 
+log = logging.getLogger("mapper.api")
+
+
+@contextlib.asynccontextmanager
+async def foxglove_lifespan(app):
+    """With ``MAPPER_FOXGLOVE_PORT`` (``mapper serve --foxglove-port``), a Foxglove WebSocket server on
+    ``MAPPER_FOXGLOVE_HOST`` (default 127.0.0.1: the Foxglove protocol has no authentication) publishes
+    the maps (mapper.foxglove). Runs inside the app's lifespan, after the map service started."""
+    port = os.environ.get("MAPPER_FOXGLOVE_PORT")
+    if not port:
+        yield
+        return
+    from ...foxglove import FoxgloveBridge
+
+    host = os.environ.get("MAPPER_FOXGLOVE_HOST", "127.0.0.1")
+    bridge = FoxgloveBridge(app.state.service, host=host, port=int(port))
+    log.info("Foxglove WebSocket server on ws://%s:%d", host, bridge.port)
+    app.state.foxglove = bridge
+    task = asyncio.get_running_loop().create_task(bridge.run(), name="foxglove")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        bridge.stop()
+
+
 ERRORS = {c: {"model": ErrorBody} for c in (400, 401, 403, 404, 422, 429, 503)}
 router = APIRouter(prefix="/v1/maps", tags=["viewer"], dependencies=[ReadAuth], responses=ERRORS)
-pages = APIRouter(include_in_schema=False)
+pages = APIRouter(include_in_schema=False, lifespan=foxglove_lifespan)
 
 MAX_OCCUPIED = 1_000_000  # cap of ?max_voxels (instanced cubes in a browser)
 

@@ -81,6 +81,11 @@ function requestRender() {
     controls.update();
     renderer.render(scene, camera);
     state.frames = (state.frames || 0) + 1;
+    // ms from navigation to the first frame drawn with the first mesh (benchmarks/bench_viewer.py reads it)
+    if (state.meshShownMs === undefined && store.triangles > 0) {
+      renderer.getContext().finish();
+      state.meshShownMs = performance.now();
+    }
   });
 }
 
@@ -206,6 +211,7 @@ async function fetchMesh(gen) {
   const t0 = performance.now();
   const buf = await api('/v1/maps/' + state.mapId + '/mesh/blocks' + q, { raw: true });
   if (gen !== state.generation) return;
+  if (state.meshReceivedMs === undefined) state.meshReceivedMs = performance.now();
   const m = parseBlocks(buf);
   const changed = store.apply(m);
   if (m.full) state.fullFetches++; else { state.deltaFetches++; state.deltaBytes += buf.byteLength; }
