@@ -167,3 +167,40 @@ def test_quaternion_matches_rotation():
         q = np.array(quaternion(R))
         ref = Rotation.from_matrix(R).as_quat()  # x, y, z, w
         assert np.allclose(q, ref, atol=1e-9) or np.allclose(q, -ref, atol=1e-9)
+
+
+def test_cli_export_mcap_offline_and_serve_flag(tmp_path):
+    from mcap.reader import make_reader
+
+    from mapper.api.service import save_new_map
+    from mapper.cli import build_parser, main
+    from mapper.persistence import DataDir
+
+    m = Map(0.25, layers=("tsdf",), device="cpu")
+    for i in range(2):
+        m.integrate_lidar(*scan(i))
+    save_new_map(DataDir(tmp_path / "data"), m, name="lab")
+    out = tmp_path / "lab.mcap"
+    with pytest.raises(SystemExit) as e:
+        main(
+            [
+                "export",
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--map",
+                "lab",
+                "--mcap",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+    assert e.value.code == 0
+    with open(out, "rb") as f:
+        msgs = [(c.topic, s, x) for s, c, x in make_reader(f).iter_messages()]
+    assert [t for t, _, _ in msgs].count("/maps/lab/tf") == 2
+    (mesh_msg,) = [(s, x) for t, s, x in msgs if t == "/maps/lab/mesh"]
+    update = message_class(mesh_msg[0].data, mesh_msg[0].name).FromString(mesh_msg[1].data)
+    assert sum(len(e.triangles[0].indices) // 3 for e in update.entities) == m.mesh().num_faces
+    assert not any(t == "/maps/lab/esdf_slice" for t, _, _ in msgs)  # no ESDF layer: no slice
+    assert build_parser().parse_args(["serve", "--foxglove-port", "8765"]).foxglove_port == 8765
