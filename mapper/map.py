@@ -699,6 +699,11 @@ class Map:
         versions = torch.tensor(self._pose_versions[i:], dtype=torch.int64).reshape(-1)
         return T.to(torch.float64), versions, first
 
+    @property
+    def mesh_version(self) -> int | None:
+        """The TSDF layer's version (what ``mesh().version`` would be); None without a TSDF."""
+        return None if self._tsdf is None else self._tsdf.version
+
     def layer_sizes(self) -> dict:
         """Voxels, bricks and bytes per layer and the mesh version, without the per-voxel work of
         :meth:`stats` (cheap enough to poll)."""
@@ -712,7 +717,7 @@ class Map:
         return {
             "frames_integrated": self.frames_integrated,
             "version": self.version,
-            "mesh_version": None if self._tsdf is None else self._tsdf.version,
+            "mesh_version": self.mesh_version,
             "trajectory_length": self._trajectory_start + len(self._poses),
             "layers": layers,
         }

@@ -101,7 +101,7 @@ def test_trajectory_kept_capped_and_saved(monkeypatch):
     m = Map(0.25, layers=("tsdf", "occupancy"), device="cpu")
     poses = []
     for i in range(5):
-        pts, T = scan(i)
+        pts, T = scan(i, n=200)  # the poses matter here, not the points
         m.integrate_lidar(pts, T)
         poses.append(T)
     T, versions, first = m.trajectory()
@@ -118,7 +118,7 @@ def test_trajectory_kept_capped_and_saved(monkeypatch):
     assert torch.equal(m2.trajectory()[0], T) and m2.trajectory()[1].tolist() == versions.tolist()
     # past the cap the oldest half goes; indices stay those of the frames
     monkeypatch.setattr(map_module, "MAX_TRAJECTORY", 4)
-    m.integrate_lidar(*scan(5))
+    m.integrate_lidar(*scan(5, n=200))
     T3, v3, first3 = m.trajectory()
     assert first3 == 4 and v3.tolist() == [5, 6] and m.layer_sizes()["trajectory_length"] == 6
     # depth frames record their pose too

@@ -147,6 +147,13 @@ def test_viewer_live_mesh_slice_and_screenshot(tmp_path, shared_data, browser):
             f"window.mapperViewer.state.sliceFetches > {n0} && window.mapperViewer.state.sliceZ === {z_new}"
         )
         assert pg.state("sliceHash") != h0
+        # what the page decoded (msgpack) and coloured = the service's slice at that height
+        ref = c.esdf_slice(m["id"], z_new)
+        d = np.asarray(ref.distance)
+        st = pg.state("sliceStats")
+        assert (st["h"], st["w"]) == d.shape and st["origin"] == list(ref.origin_xy)
+        assert st["unknown"] == int(np.isnan(d).sum()) and st["inside"] == int((d < 0).sum())
+        assert st["unknown"] < d.size  # not all unknown
         assert any(f"z={z_new}" in u for u in pg.requests)
         # the side panel shows the live numbers
         text = pg.page.inner_text("#stats")
@@ -187,6 +194,8 @@ def test_viewer_bad_inputs_show_messages(tmp_path, shared_data, browser):
         pg.page.fill("#token", READ_TOKEN)
         pg.page.click("#token-save")
         pg.wait("Number(document.body.dataset.voxels || 0) > 0")
+        total = c._request("GET", f"/v1/maps/{occ['id']}/occupied").json()["total"]
+        assert pg.state("voxels")["shown"] == min(total, 50_000) and pg.state("voxels")["total"] == total
         assert "no TSDF" in pg.page.inner_text("#message")
         pg.wait("window.mapperViewer.state.sliceHash !== null")
         assert pg.canvas_share() > 0.05

@@ -11,10 +11,12 @@ import time
 from typing import Annotated
 
 import numpy as np
+import torch
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from ... import viewer
+from ...mesh import empty_mesh
 from ..deps import EntryDep, ReadAuth, reply
 from ..schemas import ErrorBody
 from ..service import require
@@ -91,7 +93,13 @@ async def mesh_blocks(
         return mesh
 
     t = time.perf_counter()
-    mesh = await entry.read(run, exclusive=True)
+    m = entry.map
+    if since_version is not None and since_version == m.mesh_version:
+        # nothing changed (the common poll of an idle map): an empty delta, without taking the map's lock
+        mesh = empty_mesh(torch.device("cpu"), "color" in m.layers, since_version, m.voxel_size_m)
+        mesh.full, mesh.since_version = False, since_version
+    else:
+        mesh = await entry.read(run, exclusive=True)
     body = await asyncio.to_thread(viewer.mesh_to_blocks_bytes, mesh)
     entry.metrics.query.labels("mesh_blocks").observe(time.perf_counter() - t)
     return Response(body, media_type=viewer.MEDIA_TYPE, headers={"X-Mapper-Mesh-Version": str(mesh.version)})

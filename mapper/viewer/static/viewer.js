@@ -337,11 +337,11 @@ async function refreshSlice(gen) {
   const d = wireArray(s.distance), [h, w] = s.distance.shape, res = s.resolution_m;
   const maxD = state.status.esdf_max_distance_m || 2;
   const rgba = new Uint8Array(4 * w * h);
-  let hash = 0, unknown = 0;
+  let hash = 0, unknown = 0, inside = 0;
   for (let i = 0; i < w * h; i++) {
     const v = d[i];
     let c;
-    if (Number.isNaN(v)) { c = UNKNOWN_RGB; unknown++; } else if (v < 0) c = INSIDE_RGB; else c = viridis(v / maxD);
+    if (Number.isNaN(v)) { c = UNKNOWN_RGB; unknown++; } else if (v < 0) { c = INSIDE_RGB; inside++; } else c = viridis(v / maxD);
     rgba[4 * i] = c[0]; rgba[4 * i + 1] = c[1]; rgba[4 * i + 2] = c[2];
     rgba[4 * i + 3] = Number.isNaN(v) ? 140 : 230;
     hash = (hash * 31 + (Number.isNaN(v) ? 7 : Math.round(v * 1000))) | 0;
@@ -360,6 +360,7 @@ async function refreshSlice(gen) {
   drawLegend(maxD);
   state.sliceZ = z; state.sliceHash = hash; state.sliceFetches++; state.sliceVersion = s.map_version;
   state.sliceError = null;
+  state.sliceStats = { w, h, unknown, inside, origin: s.origin_xy, res };
   $('slice-info').textContent = `${w} x ${h} cells, ${(100 * unknown / (w * h)).toFixed(0)} % unknown`;
   document.body.dataset.sliceZ = z.toFixed(3);
   requestRender();
