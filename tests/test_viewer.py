@@ -186,6 +186,17 @@ def test_routes_trajectory_occupied_status(tmp_path):
         assert d["faces"].shape[0] == oracle.mesh().num_faces
         e = blocks_from_bytes(c.get(f"/v1/maps/{mid}/mesh/blocks?since_version={d['version']}").content)
         assert not e["full"] and e["blocks"].shape[0] == 0 and e["version"] == d["version"]
+        # the whole mesh again: the cached reply; after a frame, the cache patched by a delta = extraction
+        assert c.get(f"/v1/maps/{mid}/mesh/blocks").content == r.content
+        c.post(f"/v1/maps/{mid}/frames", content=frame_bytes(5), headers={"content-type": wire.MSGPACK})
+        oracle.integrate_lidar(*scan(5))
+        d2 = blocks_from_bytes(c.get(f"/v1/maps/{mid}/mesh/blocks").content)
+        assert d2["full"] and d2["version"] == oracle.mesh().version > d["version"]
+        want = triangles_by_block(oracle.mesh())
+        got = decoded_by_block(d2)
+        assert got.keys() == want.keys()
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
 
 
 def test_viewer_page_static_files_and_openapi(tmp_path):

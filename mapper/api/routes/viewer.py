@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import time
+import weakref
 from typing import Annotated
 
 import numpy as np
@@ -16,7 +17,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from ... import viewer
-from ...mesh import empty_mesh
+from ...mesh import apply_delta, empty_mesh
 from ..deps import EntryDep, ReadAuth, reply
 from ..schemas import ErrorBody
 from ..service import require
@@ -92,17 +93,42 @@ async def mesh_blocks(
         entry.metrics.stage.labels("mesh").observe(time.perf_counter() - t)
         return mesh
 
+    def run_full(m):
+        """The whole mesh: the cached one brought up to date with a delta (equal to a full extraction,
+        see mapper.mesh.apply_delta), or a full extraction the first time."""
+        t = time.perf_counter()
+        cached = _FULL.get(entry)
+        if cached is not None and cached[0].version == m.mesh_version:
+            return cached
+        if cached is None:
+            mesh = require(m, "mesh")()
+        else:
+            mesh = apply_delta(cached[0], require(m, "mesh")(since_version=cached[0].version))
+        entry.metrics.stage.labels("mesh").observe(time.perf_counter() - t)
+        return mesh, None
+
     t = time.perf_counter()
     m = entry.map
-    if since_version is not None and since_version == m.mesh_version:
+    body = None
+    if since_version is None:
+        mesh, body = await entry.read(run_full, exclusive=True)
+    elif since_version == m.mesh_version:
         # nothing changed (the common poll of an idle map): an empty delta, without taking the map's lock
         mesh = empty_mesh(torch.device("cpu"), "color" in m.layers, since_version, m.voxel_size_m)
         mesh.full, mesh.since_version = False, since_version
     else:
         mesh = await entry.read(run, exclusive=True)
-    body = await asyncio.to_thread(viewer.mesh_to_blocks_bytes, mesh)
+    if body is None:
+        body = await asyncio.to_thread(viewer.mesh_to_blocks_bytes, mesh)
+        if since_version is None:
+            _FULL[entry] = (mesh, body)
     entry.metrics.query.labels("mesh_blocks").observe(time.perf_counter() - t)
     return Response(body, media_type=viewer.MEDIA_TYPE, headers={"X-Mapper-Mesh-Version": str(mesh.version)})
+
+
+# the last whole mesh served per map and its encoding: opening a viewer on a map that did not change costs
+# no extraction, and after changes only a delta; dropped with the map entry (deleted map, service stop)
+_FULL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @router.get("/{map_id}/trajectory", responses={200: {"content": {"application/json": {}}}})
