@@ -59,12 +59,13 @@ def test_foxglove_websocket_advertises_and_sends_the_mesh(tmp_path):
     from websockets.sync.client import connect
 
     port = free_port()
-    oracle = Map(0.25, layers=("tsdf", "esdf"), device="cpu")
+    oracle = Map(0.25, layers=("tsdf",), device="cpu")  # the mesh oracle needs no ESDF
     with Server(tmp_path / "data", tmp_path / "server.log", MAPPER_FOXGLOVE_PORT=port) as srv:
         import httpx
 
         http = httpx.Client(base_url=srv.url, timeout=300)
-        mid = http.post("/v1/maps", json={"name": "fox", "voxel_size_m": 0.25}).json()["id"]
+        body = {"name": "fox", "voxel_size_m": 0.25, "esdf_max_distance_m": 0.5}  # a small ESDF: fast
+        mid = http.post("/v1/maps", json=body).json()["id"]
         for i in range(2):
             r = http.post(
                 f"/v1/maps/{mid}/frames",
@@ -132,7 +133,7 @@ def test_mcap_export_reads_back(tmp_path):
 
     from mapper.foxglove import export_map
 
-    m = Map(0.25, layers=("tsdf", "esdf"), device="cpu")
+    m = Map(0.25, layers=("tsdf", "esdf"), device="cpu", esdf_max_distance_m=0.5)
     for i in range(3):
         m.integrate_lidar(*scan(i))
     path = export_map(m, "lab", tmp_path / "lab.mcap", z_m=0.5)
