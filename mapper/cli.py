@@ -192,6 +192,8 @@ def cmd_serve(args) -> int:
         file=sys.stderr,
         flush=True,
     )
+    if args.foxglove_port is not None:  # mapper.api.routes.viewer starts the Foxglove bridge
+        os.environ["MAPPER_FOXGLOVE_PORT"] = str(args.foxglove_port)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -431,8 +433,8 @@ def cmd_replay(args) -> int:
 
 # -------------------------------------------------------------------------------------------- export
 def cmd_export(args) -> int:
-    if not (args.mesh or args.slice or args.snapshot):
-        print("mapper export: give --mesh, --slice and/or --snapshot", file=sys.stderr)
+    if not (args.mesh or args.slice or args.snapshot or args.mcap):
+        print("mapper export: give --mesh, --slice, --snapshot and/or --mcap", file=sys.stderr)
         return EXIT_USAGE
     try:
         if args.mesh:
@@ -479,6 +481,11 @@ def _export_server(args) -> None:
         if args.snapshot:
             c.export(map_id, args.snapshot)
             print(f"snapshot -> {args.snapshot}")
+        if args.mcap:
+            from .foxglove import export_server_map
+
+            export_server_map(c, map_id, m["name"] if m else args.map, args.mcap, args.mcap_z)
+            print(f"Foxglove messages -> {args.mcap}")
 
 
 def _export_local(args) -> None:
@@ -511,6 +518,11 @@ def _export_local(args) -> None:
             os.replace(s.path, args.snapshot)
             shutil.rmtree(tmp.root, ignore_errors=True)
         print(f"snapshot -> {args.snapshot}")
+    if args.mcap:
+        from .foxglove import export_map
+
+        export_map(m, info["name"], args.mcap, args.mcap_z)
+        print(f"Foxglove messages -> {args.mcap}")
 
 
 # ---------------------------------------------------------------------------------------------- demo
@@ -625,6 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", help="auto | cpu | cuda[:N] (MAPPER_DEVICE)")
     s.add_argument("--token", action="append", help="bearer token (repeatable; MAPPER_API_TOKENS)")
     s.add_argument("--log-level", help="MAPPER_LOG_LEVEL (default info)")
+    s.add_argument("--foxglove-port", type=int, help="also serve the maps to Foxglove (WebSocket, 127.0.0.1)")
     s.set_defaults(fn=cmd_serve)
 
     r = sub.add_parser(
@@ -722,6 +735,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--device", default="auto", help="offline (--data-dir) only: auto | cpu | cuda[:N] (default auto)"
     )
+    e.add_argument("--mcap", type=Path, help="write the Foxglove messages (mesh, poses, slice) as MCAP")
+    e.add_argument("--mcap-z", type=float, default=None, help="MCAP slice height (default: last sensor z)")
     e.set_defaults(fn=cmd_export)
 
     d = sub.add_parser("demo", help="serve + replay ../shared/data through the client + show /metrics")

@@ -34,6 +34,7 @@ from .registration import Odometry, OdometryConfig
 
 LAYERS = ("tsdf", "color", "occupancy", "esdf")
 _HOST = torch.device("cpu")  # tracking poses live on the host (see mapper.registration)
+MAX_TRAJECTORY = 100_000  # sensor poses kept per map (the oldest half is dropped beyond)
 
 
 class _StageTimer:
@@ -167,14 +168,27 @@ class Map:
         self.version = 0
         self._timer = _StageTimer(self.device)
         self._dirty_bricks: list[torch.Tensor] = []
+        # the sensor trajectory: the pose of every integrated frame (float64 [4, 4], on the device it came
+        # on; moved to the host only when read) and the map version after it; the oldest are dropped past
+        # MAX_TRAJECTORY poses (``_trajectory_start`` counts them, so indices stay stable)
+        self._poses: list[torch.Tensor] = []
+        self._pose_versions: list[int] = []
+        self._trajectory_start = 0
 
     # ----------------------------------------------------------------------------------- integration
     def _begin(self):
         self._timer.begin_frame()
 
-    def _end(self, touched: list[torch.Tensor]) -> None:
+    def _end(self, touched: list[torch.Tensor], T_world_sensor: torch.Tensor | None = None) -> None:
         self.frames_integrated += 1
         self.version += 1
+        if T_world_sensor is not None:
+            self._poses.append(T_world_sensor.detach())
+            self._pose_versions.append(self.version)
+            if len(self._poses) > MAX_TRAJECTORY:
+                drop = len(self._poses) - MAX_TRAJECTORY // 2
+                del self._poses[:drop], self._pose_versions[:drop]
+                self._trajectory_start += drop
         if self._esdf is not None:
             self._dirty_bricks.extend(t for t in touched if t.numel())
 
@@ -217,8 +231,9 @@ class Map:
                 d = world - origin
                 rng = torch.linalg.vector_norm(d, dim=1)
                 touched.append(self._carve(origin, d / rng[:, None], rng))
-        self._end(touched)
-        out = {"points_used": used, "points_dropped": int(ok.numel() - used), "T_world_sensor": T.cpu()}
+        T_host = T.cpu()
+        self._end(touched, T_host)
+        out = {"points_used": used, "points_dropped": int(ok.numel() - used), "T_world_sensor": T_host}
         if info is not None:
             out["registration"] = info
         return out
@@ -289,7 +304,7 @@ class Map:
             if self._occ is not None:
                 _, origin, dirs, rng = tsdf.pixel_rays(depth, Kt, T, self.max_range_m)
                 touched.append(self._carve(origin, dirs, rng))
-        self._end(touched)
+        self._end(touched, T)
         return {"points_used": used, "points_dropped": int(d.numel() - used)}
 
     @property
@@ -487,6 +502,10 @@ class Map:
             tensors.update({"tracking.last_points": pts, "tracking.last_pose": T})
             if prev is not None:
                 tensors["tracking.prev_pose"] = prev
+        if self._poses:
+            poses, versions, start = self.trajectory()
+            tensors.update({"trajectory.poses": poses, "trajectory.versions": versions})
+            meta["trajectory_start"] = start
         return {k: t.detach().cpu() for k, t in tensors.items()}, meta
 
     @classmethod
@@ -499,6 +518,10 @@ class Map:
                 m._dirty_bricks.append(layer.brick_table()[0])
         m.frames_integrated = int(meta.get("frames_integrated", 0))
         m.version = int(meta.get("version", 0))
+        if "trajectory.poses" in tensors:
+            m._poses = list(tensors["trajectory.poses"].to(_HOST, torch.float64).unbind(0))
+            m._pose_versions = [int(x) for x in tensors["trajectory.versions"].tolist()]
+            m._trajectory_start = int(meta.get("trajectory_start", 0))
         if "tracking" in meta:
             m._odometry = Odometry.from_state_dict(tensors, meta["tracking"], "tracking.", m.device)
         elif "tracking.last_points" in tensors:
@@ -683,6 +706,89 @@ class Map:
             g, d = self._occ.voxel_view(["log_odds"])
             return g, {"log_odds": d["log_odds"].float()}
         return self._esdf.view()
+
+    def trajectory(self, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The sensor poses of the integrated frames, oldest first, from frame index ``start`` on.
+
+        Returns: (``T_world_sensor`` float64 ``[N, 4, 4]``, map versions after each frame int64 ``[N]``, the
+        frame index of the first pose), CPU tensors. Frame indices count every posed frame since the map
+        was created; past ``MAX_TRAJECTORY`` poses the oldest are dropped, so the first index may exceed
+        ``start``.
+        """
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise InvalidArgument(f"start: expected a non-negative int, got {start!r}")
+        first = max(start, self._trajectory_start)
+        i = first - self._trajectory_start
+        poses = self._poses[i:]
+        T = (
+            torch.stack([p.to(_HOST, torch.float64) for p in poses])
+            if poses
+            else torch.zeros(0, 4, 4).double()
+        )
+        versions = torch.tensor(self._pose_versions[i:], dtype=torch.int64).reshape(-1)
+        return T.to(torch.float64), versions, first
+
+    @property
+    def mesh_version(self) -> int | None:
+        """The TSDF layer's version (what ``mesh().version`` would be); None without a TSDF."""
+        return None if self._tsdf is None else self._tsdf.version
+
+    def layer_sizes(self) -> dict:
+        """Voxels, bricks and bytes per layer and the mesh version, without the per-voxel work of
+        :meth:`stats` (cheap enough to poll)."""
+        layers = {
+            name: {"voxels": la.grid.num_voxels, "bricks": la.num_bricks, "bytes": la.nbytes}
+            for name, la in self._brick_layers()
+        }
+        if self._esdf is not None:
+            la = self._esdf.layer
+            layers["esdf"] = {"voxels": la.grid.num_voxels, "bricks": la.num_bricks, "bytes": la.nbytes}
+        return {
+            "frames_integrated": self.frames_integrated,
+            "version": self.version,
+            "mesh_version": self.mesh_version,
+            "trajectory_length": self._trajectory_start + len(self._poses),
+            "layers": layers,
+        }
+
+    def bounds(self) -> dict[str, tuple[list[float], list[float]]]:
+        """Per brick layer (``tsdf``, ``occupancy``) with allocated bricks, its axis-aligned extent in metres
+        ``(min [3], max [3])`` (whole bricks)."""
+        out = {}
+        s4 = 4 * self.voxel_size_m
+        for name, layer in self._brick_layers():
+            bricks, _ = layer.brick_table()
+            if bricks.shape[0]:
+                lo = (bricks.min(dim=0).values.double() * s4).tolist()
+                hi = ((bricks.max(dim=0).values + 1).double() * s4).tolist()
+                out[name] = (lo, hi)
+        return out
+
+    def occupied_voxels(self, max_voxels: int | None = None) -> tuple[torch.Tensor, int]:
+        """Centres (float32 ``[N, 3]`` metres, on the map's device) of the occupied voxels: occupancy
+        log-odds > 0 when the map has the occupancy layer, else observed TSDF voxels within half a voxel of
+        the surface. With ``max_voxels``, an evenly strided subset of at most that many.
+
+        Returns: (centres, the number of occupied voxels before capping).
+        """
+        if max_voxels is not None and (
+            isinstance(max_voxels, bool) or not isinstance(max_voxels, int) or max_voxels < 1
+        ):
+            raise InvalidArgument(f"max_voxels: expected a positive int, got {max_voxels!r}")
+        if self._occ is not None:
+            g, d = self.layer("occupancy")
+            keep = d["log_odds"] > 0
+        elif self._tsdf is not None:
+            g, d = self.layer("tsdf")
+            keep = (d["weight"] > 0) & (d["tsdf"].abs() <= 0.5 * self.voxel_size_m)
+        else:
+            return torch.zeros((0, 3), dtype=torch.float32, device=self.device), 0
+        idx = keep.nonzero().squeeze(1)
+        total = int(idx.numel())
+        if max_voxels is not None and total > max_voxels:
+            idx = idx[torch.linspace(0, total - 1, max_voxels, device=idx.device).long()]
+        centres = (g.ijk[idx].to(torch.float32) + 0.5) * self.voxel_size_m
+        return centres, total
 
     # ----------------------------------------------------------------------------------------- meshes
     def mesh(self, since_version: int | None = None) -> Mesh:

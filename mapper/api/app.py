@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request  # module level: the docs routes' annotations resolve here
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -15,10 +16,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from .. import __version__
 from ..errors import MapperError
 from ..settings import Settings
+from ..viewer import STATIC_DIR
 from . import errors
 from .auth import AuthGate
 from .metrics import Metrics
-from .routes import frames, health, maps, queries
+from .routes import frames, health, maps, queries, viewer
 from .service import MapService
 from .shutdown import DrainOnSignal
 
@@ -172,6 +174,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(Exception, errors.internal_error_handler)
     for r in (maps.router, frames.router, queries.router, health.router):
         app.include_router(r)
+    app.include_router(viewer.router)
+    app.include_router(viewer.pages)
+    app.mount("/viewer/static", StaticFiles(directory=STATIC_DIR), name="viewer-static")
     app.add_middleware(BodyLimit, settings=settings)
     app.add_middleware(AuthGate, settings=settings)  # outside BodyLimit: 401 before any body is read
     app.add_middleware(HttpMetrics, metrics=metrics)

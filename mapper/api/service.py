@@ -338,6 +338,7 @@ class MapEntry:
         if now - self.stats_time > 2.0:
             self.stats_time = now
             self._refresh_stats()
+        self.ack_ms = (time.perf_counter() - batch[-1].t0) * 1e3  # the viewer's "ack latency"
         return results
 
     def _apply(self, op: Op) -> dict:

@@ -1,0 +1,202 @@
+"""The browser viewer: its page (``GET /viewer``, ``GET /`` redirects there) and the read-only /v1 routes
+it polls: block meshes (incremental), the sensor trajectory, occupied voxels and a cheap live status."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import weakref
+from typing import Annotated
+
+import numpy as np
+import torch
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse, RedirectResponse, Response
+
+from ... import viewer
+from ...mesh import apply_delta, empty_mesh
+from ..deps import EntryDep, ReadAuth, reply
+from ..schemas import ErrorBody
+from ..service import require
+
+log = logging.getLogger("mapper.api")
+
+
+@contextlib.asynccontextmanager
+async def foxglove_lifespan(app):
+    """With ``MAPPER_FOXGLOVE_PORT`` (``mapper serve --foxglove-port``), a Foxglove WebSocket server on
+    ``MAPPER_FOXGLOVE_HOST`` (default 127.0.0.1: the Foxglove protocol has no authentication) publishes
+    the maps (mapper.foxglove). Runs inside the app's lifespan, after the map service started."""
+    port = os.environ.get("MAPPER_FOXGLOVE_PORT")
+    if not port:
+        yield
+        return
+    from ...foxglove import FoxgloveBridge
+
+    host = os.environ.get("MAPPER_FOXGLOVE_HOST", "127.0.0.1")
+    bridge = FoxgloveBridge(app.state.service, host=host, port=int(port))
+    log.info("Foxglove WebSocket server on ws://%s:%d", host, bridge.port)
+    app.state.foxglove = bridge
+    task = asyncio.get_running_loop().create_task(bridge.run(), name="foxglove")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        bridge.stop()
+
+
+ERRORS = {c: {"model": ErrorBody} for c in (400, 401, 403, 404, 422, 429, 503)}
+router = APIRouter(prefix="/v1/maps", tags=["viewer"], dependencies=[ReadAuth], responses=ERRORS)
+pages = APIRouter(include_in_schema=False, lifespan=foxglove_lifespan)
+
+MAX_OCCUPIED = 1_000_000  # cap of ?max_voxels (instanced cubes in a browser)
+
+
+@pages.get("/")
+async def root() -> RedirectResponse:
+    return RedirectResponse("/viewer", status_code=307)
+
+
+@pages.get("/viewer")
+async def viewer_page() -> FileResponse:
+    """The single-page viewer (static; it asks for a token itself when the service needs one)."""
+    return FileResponse(viewer.STATIC_DIR / "index.html", media_type="text/html")
+
+
+@router.get(
+    "/{map_id}/mesh/blocks",
+    responses={
+        200: {
+            "description": "the mesh (or, with since_version, the changed blocks) in the block format of "
+            "mapper.viewer: per block its own vertices (float32 positions, int8 normals, uint8 colours) "
+            "and uint16 faces",
+            "content": {viewer.MEDIA_TYPE: {}},
+        }
+    },
+)
+async def mesh_blocks(
+    entry: EntryDep,
+    since_version: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+) -> Response:
+    """The TSDF mesh split into self-contained blocks, for viewers: with ``since_version`` (a previous
+    reply's version) only the blocks changed since then and the removed ones (a full mesh, flag bit 0,
+    when the change log no longer reaches back)."""
+
+    def run(m):
+        t = time.perf_counter()
+        mesh = require(m, "mesh")(since_version=since_version)
+        entry.metrics.stage.labels("mesh").observe(time.perf_counter() - t)
+        return mesh
+
+    def run_full(m):
+        """The whole mesh: the cached one brought up to date with a delta (equal to a full extraction,
+        see mapper.mesh.apply_delta), or a full extraction the first time."""
+        t = time.perf_counter()
+        cached = _FULL.get(entry)
+        if cached is not None and cached[0].version == m.mesh_version:
+            return cached
+        if cached is None:
+            mesh = require(m, "mesh")()
+        else:
+            mesh = apply_delta(cached[0], require(m, "mesh")(since_version=cached[0].version))
+        entry.metrics.stage.labels("mesh").observe(time.perf_counter() - t)
+        return mesh, None
+
+    t = time.perf_counter()
+    m = entry.map
+    body = None
+    if since_version is None:
+        mesh, body = await entry.read(run_full, exclusive=True)
+    elif since_version == m.mesh_version:
+        # nothing changed (the common poll of an idle map): an empty delta, without taking the map's lock
+        mesh = empty_mesh(torch.device("cpu"), "color" in m.layers, since_version, m.voxel_size_m)
+        mesh.full, mesh.since_version = False, since_version
+    else:
+        mesh = await entry.read(run, exclusive=True)
+    if body is None:
+        body = await asyncio.to_thread(viewer.mesh_to_blocks_bytes, mesh)
+        if since_version is None:
+            _FULL[entry] = (mesh, body)
+    entry.metrics.query.labels("mesh_blocks").observe(time.perf_counter() - t)
+    return Response(body, media_type=viewer.MEDIA_TYPE, headers={"X-Mapper-Mesh-Version": str(mesh.version)})
+
+
+# the last whole mesh served per map and its encoding: opening a viewer on a map that did not change costs
+# no extraction, and after changes only a delta; dropped with the map entry (deleted map, service stop)
+_FULL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@router.get("/{map_id}/trajectory", responses={200: {"content": {"application/json": {}}}})
+async def trajectory(
+    request: Request,
+    entry: EntryDep,
+    start: Annotated[int, Query(ge=0, le=2**62, description="first frame index to return")] = 0,
+):
+    """The sensor pose of every integrated frame from frame index ``start`` on: ``T_world_sensor``
+    ``[N, 4, 4]`` (sensor to world), ``positions`` ``[N, 3]``, the map ``versions`` after each frame,
+    ``start`` (index of the first pose returned) and ``count`` (poses recorded so far)."""
+
+    def run(m):
+        T, versions, first = m.trajectory(start)
+        T = T.numpy()
+        return {
+            "start": first,
+            "count": first + int(T.shape[0]),
+            "T_world_sensor": T.astype(np.float64),
+            "positions": T[:, :3, 3].astype(np.float64),
+            "versions": versions.numpy().astype(np.int64).tolist(),
+        }
+
+    return reply(request, await entry.read(run))
+
+
+@router.get("/{map_id}/occupied", responses={200: {"content": {"application/json": {}}}})
+async def occupied(
+    request: Request,
+    entry: EntryDep,
+    max_voxels: Annotated[int, Query(ge=1, le=MAX_OCCUPIED)] = 200_000,
+):
+    """Centres of the occupied voxels (occupancy log-odds > 0, or the TSDF surface voxels of a map without
+    occupancy), at most ``max_voxels`` (an evenly strided subset; ``capped`` says so)."""
+
+    def run(m):
+        c, total = m.occupied_voxels(max_voxels)
+        return {
+            "centers": c.cpu().numpy().astype(np.float32),
+            "total": total,
+            "capped": total > c.shape[0],
+            "voxel_size_m": m.voxel_size_m,
+            "map_version": m.version,
+        }
+
+    return reply(request, await entry.read(run))
+
+
+@router.get("/{map_id}/status")
+async def status(entry: EntryDep) -> dict:
+    """Cheap live numbers for dashboards: frames integrated, map and mesh versions, voxels and bytes per
+    layer, extent per layer, trajectory length, the last ack latency and the queue depth."""
+
+    def run(m):
+        out = m.layer_sizes()
+        out["bounds"] = {k: {"min": lo, "max": hi} for k, (lo, hi) in m.bounds().items()}
+        return out
+
+    out = await entry.read(run)
+    ack_ms = getattr(entry, "ack_ms", None)
+    cfg = entry.info["config"]
+    return {
+        "id": entry.id,
+        "name": entry.name,
+        "layer_names": list(cfg.get("layers", [])),
+        "voxel_size_m": cfg.get("voxel_size_m"),
+        "esdf_max_distance_m": entry.map.esdf_max_distance_m,
+        "queue_depth": entry.queue.qsize(),
+        "ack_ms": ack_ms,
+        **out,
+    }
