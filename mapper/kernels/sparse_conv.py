@@ -14,9 +14,8 @@ neighbour table: ``y[o] = sum_k x[nbr[k, o]] @ W[k]`` over the offsets ``k`` who
 
 Everything here is exact FP32 (or FP64) arithmetic with a fixed summation order: results are bit-identical
 run to run. :func:`conv_forward_torch` is the reference of ``triton_sparse_conv.conv_forward_triton`` (same
-signature): per chunk of sorted rows, the neighbour rows of the chunk's union offsets are gathered into
-one ``[rows, k' * C_in]`` block and multiplied by the matching ``[k' * C_in, C_out]`` weight rows in one
-GEMM (on the CPU that is what beats the per-offset gather-GEMM-scatter of spconv's CPU build).
+signature) and the CPU path: per chunk of sorted rows, one gather of the offsets present in the chunk and one
+GEMM. :func:`conv_gather_gemm_scatter` is the classic per-offset method, the GPU benchmarks' baseline.
 """
 
 from __future__ import annotations
@@ -24,8 +23,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-
-_CHUNK_BYTES = 1 << 24  # bound of one gathered block (16 MiB): stays in cache-friendly, reused memory
 
 
 class ConvMap(NamedTuple):
@@ -86,10 +83,7 @@ def reverse_conv_map(cmap: ConvMap) -> ConvMap:
     return make_conv_map(rev, cmap.num_out)
 
 
-def chunk_rows(k: int, c_in: int, itemsize: int) -> int:
-    """Sorted rows per gathered block of the torch paths (multiple of 64)."""
-    rows = _CHUNK_BYTES // max(1, k * c_in * itemsize)
-    return max(64, rows // 64 * 64)
+_BLOCK_BYTES = 1 << 22  # one gathered block of the torch path (4 MiB: stays in the CPU caches)
 
 
 def chunk_offsets(cmap: ConvMap, rows: int) -> list[list[int]]:
@@ -97,15 +91,34 @@ def chunk_offsets(cmap: ConvMap, rows: int) -> list[list[int]]:
     n, k = cmap.num_out, cmap.num_offsets
     if n == 0:
         return []
-    pad = (-n) % rows
-    m = torch.nn.functional.pad(cmap.masks, (0, pad)).view(-1, rows)
+    m = torch.nn.functional.pad(cmap.masks, (0, (-n) % rows)).view(-1, rows)
     bits = (m[:, :, None] >> torch.arange(k, dtype=torch.int32, device=m.device)) & 1
     present = bits.amax(1).bool().cpu()
     return [torch.nonzero(p).flatten().tolist() for p in present]
 
 
+def _blocks(x: torch.Tensor, cmap: ConvMap):
+    """Yield ``(start, end, offsets, A)``: per chunk of sorted rows, the block ``A`` ``[rows, k' C_in]`` of
+    the neighbour rows of the chunk's union offsets (absent neighbours read the zero row)."""
+    k, c_in = cmap.num_offsets, x.shape[1]
+    xpad = torch.cat((x, x.new_zeros((1, c_in))))
+    table = torch.where(cmap.nbr >= 0, cmap.nbr, x.shape[0]).to(torch.int64)  # -1 -> the zero row
+    rows = max(16, _BLOCK_BYTES // (k * c_in * x.element_size()) // 16 * 16)
+    full = list(range(k))
+    for ci, offs in enumerate(chunk_offsets(cmap, rows)):
+        if not offs:
+            continue
+        s, e = ci * rows, min((ci + 1) * rows, cmap.num_out)
+        idx = table[:, s:e] if offs == full else table[torch.tensor(offs, device=x.device), s:e]
+        yield s, e, offs, xpad.index_select(0, idx.t().reshape(-1)).view(e - s, len(offs) * c_in)
+
+
 def conv_forward_torch(x: torch.Tensor, weight: torch.Tensor, cmap: ConvMap) -> torch.Tensor:
     """Sparse convolution ``y[o] = sum_k x[nbr[k, o]] @ weight[k]``.
+
+    Per chunk of sorted rows: one gather of the neighbour rows of the offsets in the chunk's union mask
+    into ``[rows, k' C_in]``, one GEMM with the matching ``[k' C_in, C_out]`` weight rows (on the CPU this
+    beats spconv's per-offset gather-GEMM-scatter: NOTES.md).
 
     Args:
         x: float32/float64 ``[N_in, C_in]`` input rows.
@@ -115,21 +128,12 @@ def conv_forward_torch(x: torch.Tensor, weight: torch.Tensor, cmap: ConvMap) -> 
         ``[N_out, C_out]`` in output-row order (same dtype and device); rows with no neighbour are 0.
     """
     k, c_in, c_out = weight.shape
-    n = cmap.num_out
-    ys = torch.zeros((n, c_out), dtype=x.dtype, device=x.device)
-    if n == 0 or c_in == 0:
+    ys = torch.zeros((cmap.num_out, c_out), dtype=x.dtype, device=x.device)
+    if cmap.num_out == 0 or c_in == 0:
         return ys
-    xpad = torch.cat((x, x.new_zeros((1, c_in))))  # index -1 -> the zero row
-    rows = chunk_rows(k, c_in, x.element_size())
-    nbr = cmap.nbr
-    for ci, offs in enumerate(chunk_offsets(cmap, rows)):
-        if not offs:
-            continue
-        s, e = ci * rows, min((ci + 1) * rows, n)
-        ks = torch.tensor(offs, device=x.device)
-        idx = nbr[ks, s:e].t().to(torch.int64)  # [m, k']
-        a = xpad[idx].reshape(e - s, len(offs) * c_in)
-        torch.mm(a, weight[ks].reshape(len(offs) * c_in, c_out), out=ys[s:e])
+    for s, e, offs, a in _blocks(x, cmap):
+        w = weight if len(offs) == k else weight[torch.tensor(offs, device=x.device)]
+        torch.mm(a, w.reshape(len(offs) * c_in, c_out), out=ys[s:e])
     y = torch.empty_like(ys)
     y[cmap.perm] = ys
     return y
@@ -137,21 +141,14 @@ def conv_forward_torch(x: torch.Tensor, weight: torch.Tensor, cmap: ConvMap) -> 
 
 def conv_weight_grad_torch(x: torch.Tensor, dy: torch.Tensor, cmap: ConvMap) -> torch.Tensor:
     """``dW[k] = sum_o x[nbr[k, o]]^T dy[o]`` -> ``[K, C_in, C_out]`` (fixed chunk order: deterministic)."""
-    k = cmap.num_offsets
-    c_in, c_out = x.shape[1], dy.shape[1]
+    k, c_in, c_out = cmap.num_offsets, x.shape[1], dy.shape[1]
     dw = torch.zeros((k, c_in, c_out), dtype=x.dtype, device=x.device)
-    if cmap.num_out == 0:
+    if cmap.num_out == 0 or c_in == 0:
         return dw
-    xpad = torch.cat((x, x.new_zeros((1, c_in))))
-    dys = dy[cmap.perm]
-    rows = chunk_rows(k, c_in, x.element_size())
-    for ci, offs in enumerate(chunk_offsets(cmap, rows)):
-        if not offs:
-            continue
-        s, e = ci * rows, min((ci + 1) * rows, cmap.num_out)
+    dys = dy.index_select(0, cmap.perm)
+    for s, e, offs, a in _blocks(x, cmap):
         ks = torch.tensor(offs, device=x.device)
-        a = xpad[cmap.nbr[ks, s:e].t().to(torch.int64)].reshape(e - s, len(offs) * c_in)
-        dw[ks] += (a.t() @ dys[s:e]).view(len(offs), c_in, c_out)
+        dw.index_add_(0, ks, (a.t() @ dys[s:e]).view(len(offs), c_in, c_out))
     return dw
 
 

