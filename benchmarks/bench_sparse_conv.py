@@ -167,7 +167,7 @@ def bench_conv(grid, c: int, op: str, args, dev, clock, ours_config=None) -> dic
     for name, t in times.items():
         row[name] = stats(t)
         if name != "ours":
-            row[f"wins_{name}"] = sum(a < b for a, b in zip(times["ours"], t)) / len(t)
+            row[f"wins_{name}"] = sum(a < b for a, b in zip(times["ours"], t, strict=True)) / len(t)
     return row
 
 
@@ -345,8 +345,8 @@ def bench_unet(args, dev, clock) -> dict:
     for name, t in times.items():
         row[name] = stats(t)
         if name not in ("ours", "fresh"):
-            row[f"wins_{name}"] = sum(a < b for a, b in zip(times["ours"], t)) / len(t)
-            row[f"wins_fresh_{name}"] = sum(a < b for a, b in zip(times["fresh"], t)) / len(t)
+            row[f"wins_{name}"] = sum(a < b for a, b in zip(times["ours"], t, strict=True)) / len(t)
+            row[f"wins_fresh_{name}"] = sum(a < b for a, b in zip(times["fresh"], t, strict=True)) / len(t)
     return row
 
 
@@ -401,12 +401,13 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     clock = Clock(dev)
     hw = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"{platform.processor() or 'cpu'}"
+    cmd = " ".join(sys.argv[1:] if argv is None else argv)
     lines = [
         f"# Sparse convolution ({dev.type}) - {_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M} UTC",
         "",
         f"Hardware: {hw}; {os.cpu_count()} CPU cores, torch {torch.get_num_threads()} threads; "
         f"torch {torch.__version__}; spconv {getattr(sys.modules.get('spconv'), '__version__', 'absent')}.",
-        f"Command: `python benchmarks/bench_sparse_conv.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
+        f"Command: `python benchmarks/bench_sparse_conv.py {cmd}`",
         "",
     ]
     print("\n".join(lines), flush=True)
@@ -448,8 +449,8 @@ def main(argv=None):
         fresh = dict(r, ours=r["fresh"], op="unet, maps built in the call")
         fresh.update({f"wins_{b}": r[f"wins_fresh_{b}"] for b in baselines})
         lines.append(fmt(fresh, baselines))
-        lines += ["", "(first row: neighbour maps cached on the grids; second: a fresh grid object per call, so "
-                  "every map is built in the call, as spconv does every forward)"]  # fmt: skip
+        note = "(first row: neighbour maps cached on the grids; second: a fresh grid object per call, so "
+        lines += ["", note + "every map is built in the call, as spconv does every forward)"]
         print("\n".join(lines[-4:]), flush=True)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")

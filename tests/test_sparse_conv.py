@@ -244,7 +244,7 @@ def test_float32_gradients_match_float64(backend):
         y = sparse_conv3d(grid, xx, ww, bb)[1]
         (y * torch.linspace(-1, 1, 16, dtype=dt)).sum().backward()
         grads.append((xx.grad, ww.grad, bb.grad))
-    for g32, g64 in zip(*grads):
+    for g32, g64 in zip(*grads, strict=True):
         assert_close(g32, g64.numpy())
 
 
