@@ -61,14 +61,13 @@ def _pow2(n: int, lo: int) -> int:
 
 
 def tile_config(c_in: int, c_out: int) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps)`` for a channel width (NOTES.md, "Sparse convolution")."""
-    bn = min(_pow2(c_out, 16), 64)
+    """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps)`` for a channel width: the fastest of a sweep on the H200
+    (benchmarks/results/sparse_conv_h200.md): up to C = 64 one program covers all output channels of 64
+    rows; at C = 128, 32 rows x 128 channels (a wider tile spills, a narrower one gathers twice)."""
     bk = min(_pow2(c_in, 16), 32)
-    if c_out <= 16:
-        return 64, bn, bk, 4
-    if c_out <= 32:
-        return 64, bn, bk, 4
-    return 64, bn, bk, 4
+    if c_out > 64:
+        return 32, min(_pow2(c_out, 16), 128), bk, 4
+    return 64, _pow2(c_out, 16), bk, 4
 
 
 def conv_forward_triton(x: torch.Tensor, weight: torch.Tensor, cmap: ConvMap, config=None) -> torch.Tensor:
