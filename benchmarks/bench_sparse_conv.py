@@ -193,17 +193,20 @@ def tune(grid, c: int, dev, clock, configs) -> list[tuple]:
     return res
 
 
-TUNE = {  # the first sweep (2026-12-01) is in NOTES.md; these are the runner-ups around the chosen shapes
-    16: [(64, 16, 16, 4), (32, 16, 16, 2), (128, 16, 16, 8)],
-    32: [(64, 32, 32, 4), (128, 32, 32, 8), (32, 32, 32, 2)],
-    64: [(64, 64, 32, 4), (64, 64, 16, 4), (32, 64, 32, 2)],
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, skip): the chosen shapes and runner-ups of the first sweep (NOTES.md)
+TUNE = {
+    16: [(64, 16, 16, 4, True), (32, 16, 16, 2, True), (128, 16, 16, 8, True), (64, 16, 16, 4, False)],
+    32: [(64, 32, 32, 4, True), (128, 32, 32, 8, True), (32, 32, 32, 2, True), (64, 32, 32, 4, False)],
+    64: [(64, 64, 32, 4, True), (64, 64, 16, 4, True), (32, 64, 32, 2, True), (64, 64, 32, 4, False)],
     128: [
-        (32, 128, 32, 4),
-        (128, 64, 32, 8),
-        (32, 128, 16, 4),
-        (32, 128, 64, 4),
-        (16, 128, 32, 4),
-        (32, 128, 32, 8),
+        (32, 128, 32, 4, True),
+        (128, 64, 32, 8, True),
+        (32, 128, 16, 4, True),
+        (32, 128, 64, 4, True),
+        (16, 128, 32, 4, True),
+        (32, 128, 32, 8, True),
+        (32, 128, 32, 4, False),
+        (128, 64, 32, 8, False),
     ],
 }
 
@@ -407,6 +410,7 @@ def main(argv=None):
     ap.add_argument("--unet-scans", type=int, default=14)
     ap.add_argument("--no-unet", action="store_true")
     ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--use-tuned", action="store_true", help="with --tune: use each width's fastest shape")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -431,14 +435,20 @@ def main(argv=None):
         grid = shell_grid(args.sizes[len(args.sizes) // 2], dev)
         lines += [f"## Tile shapes (subm, {grid.num_voxels:,} voxels; median ms of 7)", ""]
         lines += [
-            "| C | (BLOCK_M, BLOCK_N, BLOCK_K, warps) | ms | max diff vs default |",
+            "| C | (BLOCK_M, BLOCK_N, BLOCK_K, warps, skip) | ms | max diff vs default |",
             "|---|---|---|---|",
         ]
+        from mapper.kernels import triton_sparse_conv as tsc
+
         for c in args.channels:
-            for cfg, ms, err in tune(grid, c, dev, clock, TUNE[c]):
+            res = tune(grid, c, dev, clock, TUNE[c])
+            for cfg, ms, err in res:
                 lines.append(f"| {c} | {cfg} | {ms:.3f} | {err} |")
                 print(lines[-1], flush=True)
-        lines.append("")
+            ok = [r for r in res if r[1] == r[1] and isinstance(r[2], float) and r[2] < 1e-3]
+            if ok and args.use_tuned:
+                tsc.TILES[c] = min(ok, key=lambda r: r[1])[0]
+        lines += ["", f"Tile shapes used below: {tsc.TILES}", ""]
         del grid
     baselines = (["ggs"] if dev.type == "cuda" else []) + (["spconv"] if spconv is not None else [])
     head = "| op | voxels | C | nbrs/voxel | ours ms (median / p99 / max) | ours map build ms |"
