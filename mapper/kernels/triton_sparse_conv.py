@@ -75,9 +75,9 @@ def _pow2(n: int, lo: int) -> int:
 # the fastest of sweeps on the H200 (benchmarks/results/sparse_conv_h200.md, NOTES.md)
 TILES: dict[int, tuple[int, int, int, int, bool]] = {
     16: (64, 16, 16, 4, True),
-    32: (64, 32, 32, 4, True),
+    32: (128, 32, 32, 8, True),
     64: (64, 64, 32, 4, True),
-    128: (32, 128, 32, 4, True),
+    128: (32, 128, 16, 4, True),
 }
 
 
