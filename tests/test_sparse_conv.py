@@ -112,21 +112,21 @@ def test_odd_widths_and_pointwise_kernel(backend):
 
 @pytest.fixture(scope="module")
 def real_grids(request):
-    """TSDF grids of a real LiDAR scan (norlab, 0.2 m) and a real depth frame (Replica, 0.04 m)."""
+    """TSDF grids of a real LiDAR scan (norlab, 0.2 m) and a real depth frame (3DMatch, 0.05 m)."""
     from conftest import SHARED_DATA
 
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     from mapper import Map
-    from mapper.datasets import NorlabLidar, ReplicaSequence
+    from mapper.datasets import NorlabLidar, SevenScenesSequence
 
     out = {}
     ds = NorlabLidar(SHARED_DATA / "norlab_lidar")
     m = Map(0.2, layers=("tsdf",), device="cpu")
     m.integrate_lidar(ds[0]["points"], ds[0]["T_world_sensor"])
     out["lidar"] = m.layer("tsdf")
-    rs = ReplicaSequence(SHARED_DATA / "replica_office0")
-    m = Map(0.04, layers=("tsdf",), device="cpu")
+    rs = SevenScenesSequence(SHARED_DATA / "3dmatch_seq01")  # real Kinect depth (Replica: 3x slower)
+    m = Map(0.05, layers=("tsdf",), device="cpu", max_range_m=4.0)
     f = rs[0]
     m.integrate_depth(f["depth_m"], f["K"], f["T_world_sensor"])
     out["depth"] = m.layer("tsdf")
@@ -159,7 +159,12 @@ def test_submanifold_on_real_map_grids_matches_dense_numpy(real_grids, kind, c):
 
 def test_triton_on_a_real_map_crop(real_grids, backend):
     grid, _ = real_grids["lidar"]
-    part = crop(grid, 400)
+    with (
+        pytest.MonkeyPatch.context() as mp
+    ):  # crop with the torch ops (the interpreter on 1e5 voxels: minutes)
+        mp.setenv("MAPPER_KERNELS", "torch")
+        part = crop(grid, 400)
+        part = IndexGrid.from_ijk(part.ijk)
     x, w = features(part.num_voxels, 32, 16, 3, seed=5)
     _, y = sparse_conv3d(part, x, w)
     assert_close(y, dense_conv(part.ijk.numpy().astype(np.int64), x.numpy(), w.numpy()))
@@ -219,7 +224,7 @@ def test_strided_and_transposed_round_trip_restores_the_grid(backend):
 # -------------------------------------------------------------------------------------------- autograd
 @pytest.mark.parametrize("mode", ["subm", "down", "up"])
 def test_gradcheck_float64(mode):
-    grid = random_grid(40, 2, seed=21)
+    grid = random_grid(25, 2, seed=21)
     stride, k, transposed, g_in = (1, 3, False, grid) if mode == "subm" else (2, 2, mode == "up", grid)
     if mode == "up":
         g_in, _ = sparse_conv3d(grid, torch.zeros(grid.num_voxels, 1, dtype=torch.float64),
@@ -231,7 +236,7 @@ def test_gradcheck_float64(mode):
     def f(x, w, b):
         return sparse_conv3d(g_in, x, w, b, stride=stride, transposed=transposed)[1]
 
-    assert torch.autograd.gradcheck(f, (x, w, b), eps=1e-6, atol=1e-8)
+    assert torch.autograd.gradcheck(f, (x, w, b), eps=1e-6, atol=1e-8, fast_mode=True)
 
 
 def test_float32_gradients_match_float64(backend):
@@ -328,9 +333,14 @@ def test_matches_spconv_when_installed():
     ind = torch.cat((torch.zeros_like(ijk[:, :1]), ijk - lo), 1).int()
     t = spconv.SparseConvTensor(x, ind, ((ijk - lo).amax(0) + 1).tolist(), 1)
     m = spconv.SubMConv3d(16, 16, 3, bias=False)
-    with torch.no_grad():
-        m.weight.copy_(w.permute(4, 0, 1, 2, 3))
-        ref = m(t).features
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # spconv 2.3.8's CPU build returned wrong sums with 2 threads here (NOTES.md)
+    try:
+        with torch.no_grad():
+            m.weight.copy_(w.permute(4, 0, 1, 2, 3))
+            ref = m(t).features
+    finally:
+        torch.set_num_threads(threads)
     _, y = sparse_conv3d(grid, x, w)
     assert_close(y, ref.double().numpy())
 
