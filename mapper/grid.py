@@ -37,12 +37,13 @@ class IndexGrid:
     Build with :meth:`from_ijk` or :meth:`empty`; ``__init__`` is internal.
     """
 
-    __slots__ = ("_leaves", "_tiles", "_num_voxels")
+    __slots__ = ("_leaves", "_tiles", "_num_voxels", "_derived")
 
     def __init__(self, leaves: Leaves, tiles: Tiles | None = None):
         self._leaves = leaves
         self._tiles = tiles
         self._num_voxels: int | None = None
+        self._derived: dict = {}
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -101,6 +102,14 @@ class IndexGrid:
         if self._tiles is None:
             self._tiles = build_tiles(self._leaves.keys)
         return self._tiles
+
+    def derived(self, key, build):
+        """Data derived from this grid's topology alone (e.g. the neighbour maps of ``mapper.nn``): built
+        by ``build()`` on the first call for a hashable ``key``, then cached on the grid (which is
+        immutable, so the cache never goes stale) and freed with it."""
+        if key not in self._derived:
+            self._derived[key] = build()
+        return self._derived[key]
 
     @property
     def ijk(self) -> torch.Tensor:
