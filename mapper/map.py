@@ -26,6 +26,9 @@ from .mesh import Mesh, extract_mesh, mesh_since
 from .registration import Odometry, OdometryConfig
 
 LAYERS = ("tsdf", "color", "occupancy", "esdf")
+# points per chunk of a point query (bounds its temporaries: ~1.2 KB per point in one piece on the CPU torch
+# path, so a 16 M-cell slice needed ~20 GB; chunked, a query costs its outputs plus one chunk's working set)
+QUERY_CHUNK = {"cpu": 1 << 15, "cuda": 1 << 20}
 _HOST = torch.device("cpu")  # tracking poses live on the host (see mapper.registration)
 
 
@@ -504,6 +507,9 @@ class Map:
         corner voxels is unobserved; weight float32 [M], 0 there)."""
         layer = self._require("tsdf")
         p = Q.check_query_points("points_world", points_world, self.device)
+        return self._chunked(lambda q: self._query_tsdf(layer, q), p)
+
+    def _query_tsdf(self, layer, p: torch.Tensor):
         _, frac, ok, vals, present = Q.gather_corners(
             layer, p, self.voxel_size_m, ["tsdf", "weight"], [0.0, 0.0]
         )
@@ -517,6 +523,9 @@ class Map:
         1 occupied; probability float32 [M], 0.5 where unknown)."""
         layer = self._require("occupancy")
         p = Q.check_query_points("points_world", points_world, self.device)
+        return self._chunked(lambda q: self._query_occupancy(layer, q), p)
+
+    def _query_occupancy(self, layer, p: torch.Tensor):
         ijk, ok = Q.voxel_of(p, self.voxel_size_m)
         (lo,), present = Q.gather_voxels(layer, ijk, ["log_odds"], [float("nan")])
         known = ok & present & ~torch.isnan(lo)
@@ -534,6 +543,29 @@ class Map:
         False (then the map is only read: a service keeps the ESDF current in its writer)."""
         esdf = self._esdf_current(update_esdf)
         p = Q.check_query_points("points_world", points_world, self.device)
+        return self._chunked(lambda q: self._query_distance(esdf, q), p)
+
+    def _chunked(self, fn, p: torch.Tensor, n: int | None = None) -> tuple[torch.Tensor, ...]:
+        """``fn(points [m, 3]) -> tuple of [m, ...] tensors`` over ``QUERY_CHUNK`` points at a time, into
+        preallocated outputs. ``p``: float64 ``[n, 3]`` points, or a callable ``(start, end) -> points``
+        (then ``n`` is the count), so lattice queries never hold all their points at once."""
+        if n is None:
+            n = p.shape[0]
+        step = QUERY_CHUNK.get(self.device.type, 1 << 15)
+        points = p if callable(p) else (lambda a, b: p[a:b])
+        if n <= step:
+            return tuple(fn(points(0, n)))
+        outs = None
+        for a in range(0, n, step):
+            b = min(a + step, n)
+            part = fn(points(a, b))
+            if outs is None:
+                outs = tuple(torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device) for x in part)
+            for o, x in zip(outs, part, strict=True):
+                o[a:b] = x
+        return outs
+
+    def _query_distance(self, esdf, p: torch.Tensor):
         if use_triton(self.device):
             from .kernels.triton_query import distance_launch, usable  # one launch; same values as below
 
@@ -591,9 +623,11 @@ class Map:
             raise InvalidArgument(f"resolution_m: the slice would have {w}x{h} pixels (limit {max_pixels})")
         xs = lo[0] + (torch.arange(w, device=self.device, dtype=torch.float64) + 0.5) * res
         ys = lo[1] + (torch.arange(h, device=self.device, dtype=torch.float64) + 0.5) * res
-        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-        pts = torch.stack((gx, gy, torch.full_like(gx, z)), dim=-1).reshape(-1, 3)
-        d, _, _ = self.query_distance(pts, update_esdf=update_esdf)
+        zs = torch.full((1,), z, dtype=torch.float64, device=self.device)
+        esdf = self._esdf_current(update_esdf)
+        (d,) = self._chunked(
+            lambda q: self._query_distance(esdf, q)[:1], _lattice((ys, xs, zs), (1, 0, 2)), h * w
+        )
         return Q.Slice(d.reshape(h, w), (float(lo[0]), float(lo[1])), res, z)
 
     def esdf_box(
@@ -613,8 +647,10 @@ class Map:
             lo[a] + (torch.arange(n[a], device=self.device, dtype=torch.float64) + 0.5) * res
             for a in range(3)
         ]
-        pts = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)
-        d, g, o = self.query_distance(pts, update_esdf=update_esdf)
+        esdf = self._esdf_current(update_esdf)
+        d, g, o = self._chunked(
+            lambda q: self._query_distance(esdf, q), _lattice(axes, (0, 1, 2)), n[0] * n[1] * n[2]
+        )
         return Q.EsdfBox(d.reshape(*n), g.reshape(*n, 3), o.reshape(*n), tuple(lo.tolist()), res)
 
     def raycast(self, T_world_sensor, K, width: int, height: int, max_range_m: float | None = None):
@@ -704,6 +740,20 @@ class Map:
             "layers": layers,
             "timings_ms": self._timer.resolve(),
         }
+
+
+def _lattice(axes, xyz: tuple[int, int, int]):
+    """``(start, end) -> float64 [end - start, 3]``: the points of the lattice of three 1-D coordinate
+    tensors ``axes`` (C order over them) with flat indices in ``[start, end)``; column ``c`` takes its
+    coordinate from ``axes[xyz[c]]``."""
+    n1, n2 = axes[1].numel(), axes[2].numel()
+
+    def points(a: int, b: int) -> torch.Tensor:
+        idx = torch.arange(a, b, device=axes[0].device)
+        ijk = (idx // (n1 * n2), (idx // n2) % n1, idx % n2)
+        return torch.stack([axes[xyz[c]][ijk[xyz[c]]] for c in range(3)], dim=1)
+
+    return points
 
 
 def raycast_tsdf(layer, T, K, width, height, s, tau, max_range_m, chunk=1 << 16) -> Q.RaycastResult:
