@@ -15,7 +15,7 @@ import torch
 
 from . import _validation as v
 from . import queries as Q
-from .errors import InvalidArgument, InvalidArgumentType, NotFound
+from .errors import InvalidArgument, InvalidArgumentType, NotFound, RequestTooLarge
 from .grid import IndexGrid
 from .integrators import occupancy as occ
 from .integrators import tsdf
@@ -99,6 +99,9 @@ class Map:
         occupancy: optional dict of ``OccupancyConfig`` fields (``l_hit``, ``l_miss``, ``clamp_min``, ...).
         registration: optional dict of ``mapper.registration.OdometryConfig`` fields for LiDAR frames
             without a pose (``max_range_m`` defaults to the map's; voxel ``max_range_m / 100``).
+        keep_radius_m: optional radius policy (bounded memory, like nvblox's radius clearing): after each
+            frame, the bricks lying wholly farther than this from the frame's sensor origin are freed in
+            every layer. Deterministic (a function of the frames), so a replayed log gives the same map.
     """
 
     def __init__(
@@ -113,8 +116,10 @@ class Map:
         tsdf_obs_weight: float = 1.0,
         occupancy: dict | None = None,
         registration: dict | None = None,
+        keep_radius_m: float | None = None,
     ):
         self.voxel_size_m = _positive("voxel_size_m", voxel_size_m)
+        self.keep_radius_m = _positive("keep_radius_m", keep_radius_m, allow_none=True)
         if isinstance(layers, str):
             layers = (layers,)
         layers = tuple(layers)
@@ -213,8 +218,11 @@ class Map:
                 d = world - origin
                 rng = torch.linalg.vector_norm(d, dim=1)
                 touched.append(self._carve(origin, d / rng[:, None], rng))
+        cleared = self._keep_radius(T[:3, 3])
         self._end(touched)
         out = {"points_used": used, "points_dropped": int(ok.numel() - used), "T_world_sensor": T.cpu()}
+        if cleared is not None:
+            out["bricks_cleared"] = cleared
         if info is not None:
             out["registration"] = info
         return out
@@ -285,8 +293,31 @@ class Map:
             if self._occ is not None:
                 _, origin, dirs, rng = tsdf.pixel_rays(depth, Kt, T, self.max_range_m)
                 touched.append(self._carve(origin, dirs, rng))
+        cleared = self._keep_radius(T[:3, 3])
         self._end(touched)
-        return {"points_used": used, "points_dropped": int(d.numel() - used)}
+        out = {"points_used": used, "points_dropped": int(d.numel() - used)}
+        if cleared is not None:
+            out["bricks_cleared"] = cleared
+        return out
+
+    def _keep_radius(self, origin: torch.Tensor) -> int | None:
+        """The radius policy: free the bricks lying wholly outside ``keep_radius_m`` of ``origin`` (float64
+        [3]) in every source layer (the ESDF follows on its next update); the number freed, or None when
+        the map has no policy."""
+        if self.keep_radius_m is None:
+            return None
+        bm = 4 * self.voxel_size_m
+        c = origin.to(self.device, torch.float64)
+        n = 0
+        for _, layer in self._brick_layers():
+            if layer.num_bricks == 0:
+                continue
+            bricks, _ = layer.brick_table()
+            lo = bricks.to(torch.float64) * bm
+            near = torch.minimum(torch.maximum(c, lo), lo + bm)  # the brick's point nearest to the origin
+            far = torch.linalg.vector_norm(near - c, dim=1) > self.keep_radius_m
+            n += self._free_bricks(layer, bricks, far)
+        return n
 
     def _carve(self, origin: torch.Tensor, dirs: torch.Tensor, rng: torch.Tensor) -> torch.Tensor:
         """Occupancy update for rays that all end in a return; the bricks it touched."""
@@ -443,6 +474,7 @@ class Map:
                 k: getattr(self.occupancy_config, k) for k in ("l_hit", "l_miss", "clamp_min", "clamp_max")
             },
             "registration": dict(self._registration),
+            "keep_radius_m": self.keep_radius_m,
         }
 
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
@@ -620,7 +652,9 @@ class Map:
         w = max(1, math.ceil(float(hi[0] - lo[0]) / res))
         h = max(1, math.ceil(float(hi[1] - lo[1]) / res))
         if w * h > max_pixels:
-            raise InvalidArgument(f"resolution_m: the slice would have {w}x{h} pixels (limit {max_pixels})")
+            raise RequestTooLarge(
+                f"resolution_m: the slice would have {w}x{h} = {w * h} pixels (limit {max_pixels})"
+            )
         xs = lo[0] + (torch.arange(w, device=self.device, dtype=torch.float64) + 0.5) * res
         ys = lo[1] + (torch.arange(h, device=self.device, dtype=torch.float64) + 0.5) * res
         zs = torch.full((1,), z, dtype=torch.float64, device=self.device)
@@ -642,7 +676,9 @@ class Map:
         res = self.voxel_size_m if resolution_m is None else _positive("resolution_m", resolution_m)
         n = [max(1, math.ceil(float(hi[a] - lo[a]) / res)) for a in range(3)]
         if n[0] * n[1] * n[2] > max_voxels:
-            raise InvalidArgument(f"aabb_max: the box would have {n} samples (limit {max_voxels})")
+            raise RequestTooLarge(
+                f"aabb_max: the box would have {n} = {n[0] * n[1] * n[2]} samples (limit {max_voxels})"
+            )
         axes = [
             lo[a] + (torch.arange(n[a], device=self.device, dtype=torch.float64) + 0.5) * res
             for a in range(3)
@@ -706,6 +742,22 @@ class Map:
         if since_version is None:
             return extract_mesh(self._tsdf, self.voxel_size_m)
         return mesh_since(self._tsdf, self.voxel_size_m, since_version)
+
+    @property
+    def bricks(self) -> dict[str, int]:
+        """Allocated bricks (4^3 voxels) per layer, without walking the voxels."""
+        out = {name: layer.num_bricks for name, layer in self._brick_layers()}
+        if self._esdf is not None:
+            out["esdf"] = self._esdf.layer.num_bricks
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the map's layers hold (voxel pools, topology, the ESDF), without walking the voxels."""
+        n = sum(layer.nbytes for _, layer in self._brick_layers())
+        if self._esdf is not None:
+            n += self._esdf.layer.nbytes
+        return n
 
     def timings_ms(self) -> dict[str, float]:
         """Per-stage wall times (ms) of the last frame (and ESDF update), without the O(map) work of

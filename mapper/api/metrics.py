@@ -66,11 +66,33 @@ class Metrics:
         self.layer_bytes = Gauge("mapper_layer_bytes", "Bytes per layer", ["map", "layer"], registry=r)
         self.maps = Gauge("mapper_maps", "Maps served", registry=r)
         self.ws_connections = Gauge("mapper_ws_connections", "Open WebSocket streams", registry=r)
+        # memory bounds (README "Limits and memory budgets")
+        self.map_memory = Gauge("mapper_map_memory_bytes", "Bytes a map's layers hold", ["map"], registry=r)
+        self.map_budget = Gauge(
+            "mapper_map_memory_budget_bytes", "A map's memory budget", ["map"], registry=r
+        )
+        self.memory_budget = Gauge(
+            "mapper_memory_budget_bytes", "Memory budget of all maps together", registry=r
+        )
+        self.budget_refusals = Counter(
+            "mapper_budget_refusals",
+            "Requests refused before allocating: budget=map|process (507), request (413)",
+            ["map", "budget"],
+            registry=r,
+        )
+        self.keep_radius = Gauge(
+            "mapper_keep_radius_m", "A map's keep radius (radius policy)", ["map"], registry=r
+        )
+        self.radius_cleared = Counter(
+            "mapper_radius_cleared_bricks", "Bricks freed by a map's radius policy", ["map"], registry=r
+        )
         r.register(_GpuMemory())
 
     def forget_map(self, map_id: str) -> None:
         """Drop the per-map series of a deleted map."""
-        for metric in (self.queue_depth, self.voxels, self.layer_bytes, self.frames, self.points):
+        per_map = (self.queue_depth, self.voxels, self.layer_bytes, self.frames, self.points, self.map_memory)
+        per_map += (self.map_budget, self.budget_refusals, self.keep_radius, self.radius_cleared)
+        for metric in per_map:
             for labels in list(metric._metrics):  # prometheus_client has no public "labels of" accessor
                 if labels and labels[0] == map_id:
                     metric.remove(*labels)
