@@ -267,6 +267,57 @@ def test_growth_bound_holds_on_real_scans():
     assert g.bricks["tsdf"] > 0
 
 
+def test_growth_bound_holds_on_real_depth_frames():
+    """The same for depth frames (3DMatch, real Kinect noise; image and K subsampled 4x for speed)."""
+    from mapper.budget import depth_growth
+    from mapper.datasets import SevenScenesSequence
+
+    ds = SevenScenesSequence("../shared/data/3dmatch_seq01")
+    m = Map(voxel_size_m=0.1, layers=("tsdf", "occupancy", "esdf"), device="cpu")
+    for i in range(2):
+        f = ds[i]
+        depth = np.ascontiguousarray(np.asarray(f["depth_m"])[::4, ::4])
+        K = np.asarray(f["K"], float).copy()
+        K[:2] /= 4
+        g = depth_growth(m, depth, K, f["T_world_sensor"])
+        b0, n0 = m.bricks, m.nbytes
+        m.integrate_depth(depth, K, f["T_world_sensor"])
+        m.update_esdf()
+        for layer, n in m.bricks.items():
+            assert 0 <= n - b0[layer] <= g.bricks[layer], (layer, n - b0[layer], g.bricks)
+        assert m.nbytes - n0 <= g.bytes
+    assert m.bricks["tsdf"] > 0
+
+
+def test_depth_frame_over_budget_is_507(tmp_path):
+    with client(tmp_path) as c:
+        mid = new_map(c, voxel_size_m=0.02, memory_budget_bytes=4 * MiB, esdf_max_distance_m=0.1)
+        depth = np.full((120, 160), 3.0, np.float32)
+        msg = wire.depth_message(depth, [100.0, 100.0, 80.0, 60.0], np.eye(4))
+        before = _seq_and_bytes(c, mid)
+        check_error(
+            c.post(f"/v1/maps/{mid}/frames", content=wire.packb(msg), headers=CT), 507, "insufficient_storage"
+        )
+        assert _seq_and_bytes(c, mid) == before
+
+
+def test_import_over_budget_is_507(tmp_path):
+    with client(tmp_path / "a") as c:
+        mid = new_map(c)
+        assert c.post(f"/v1/maps/{mid}/frames", content=frame_bytes(0), headers=CT).status_code == 200
+        data = c.get(f"/v1/maps/{mid}/export").content
+    with client(tmp_path / "b") as c:  # the map as imported (no ESDF yet: it is recomputed)
+        r = c.post("/v1/maps/import", content=data)
+        assert r.status_code == 201
+        size = r.json()["memory_bytes"]
+    with client(tmp_path / "c", memory_budget_bytes=size - 1) as c:
+        body = check_error(c.post("/v1/maps/import", content=data), 507, "insufficient_storage")
+        assert f"holds {size} bytes" in body["detail"] and str(size - 1) in body["detail"], body
+        assert c.get("/v1/maps").json()["maps"] == []
+    with client(tmp_path / "d", memory_budget_bytes=size) as c:
+        assert c.post("/v1/maps/import", content=data).status_code == 201
+
+
 def test_esdf_reach_refused_at_create_or_bounded_per_frame(tmp_path):
     """esdf_max_distance_m=50: at 0.1 m one surface brick's ESDF alone is over the budget -> 413 at
     create, naming the numbers; at 0.25 m the map is created, but the finding's 24 KB frame of 2 k

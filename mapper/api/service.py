@@ -714,6 +714,15 @@ class MapService:
     async def _register(
         self, name: str | None, m: Map, snapshot: tuple | None, extra: dict | None = None
     ) -> MapEntry:
+        if snapshot is not None:  # an imported map arrives whole: it must fit the budgets as it is
+            others = sum(e.bytes for e in self.maps.values())
+            need, limit = m.nbytes, min(self.map_budget, self.memory_budget - others)
+            if need > limit:
+                raise InsufficientStorage(
+                    f"import: the map holds {need} bytes ({budget.fmt_bytes(need)}); {limit} bytes are left "
+                    f"in the memory budgets (MAPPER_MAP_MEMORY_BUDGET_BYTES={self.map_budget}, "
+                    f"MAPPER_MEMORY_BUDGET_BYTES={self.memory_budget})"
+                )
         async with self._names_lock:
             if len(self.maps) >= self.settings.max_maps:
                 raise Conflict(f"map limit reached ({self.settings.max_maps} maps; MAPPER_MAX_MAPS)")
