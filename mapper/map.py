@@ -419,18 +419,21 @@ class Map:
                 continue
             local = torch.stack(
                 torch.meshgrid(*(torch.arange(4, device=self.device),) * 3, indexing="ij"), -1
-            )
-            vox = bricks[:, None, :] * 4 + local.reshape(1, 64, 3)
-            centres = (vox.to(torch.float64) + 0.5) * s
-            inside = inside_fn(centres.reshape(-1, 3)).reshape(-1, 64)
-            full = inside.all(dim=1)
-            part = inside & ~full[:, None]
-            if bool(part.any()):
-                b, o = part.nonzero(as_tuple=True)
-                self._reset_voxels(layer, name, slots[b], brick_offsets(vox[b, o]))
-                layer.touch(bricks[part.any(dim=1)])
-                if self._esdf is not None:
-                    self._dirty_bricks.append(bricks[part.any(dim=1)])
+            ).reshape(1, 64, 3)
+            full = torch.zeros(bricks.shape[0], dtype=torch.bool, device=self.device)
+            step = QUERY_CHUNK.get(self.device.type, 1 << 15) // 64  # ~4 KB of temporaries per brick
+            for a in range(0, bricks.shape[0], step):
+                bk, sl = bricks[a : a + step], slots[a : a + step]
+                vox = bk[:, None, :] * 4 + local
+                inside = inside_fn(((vox.to(torch.float64) + 0.5) * s).reshape(-1, 3)).reshape(-1, 64)
+                full[a : a + step] = inside.all(dim=1)
+                part = inside & ~full[a : a + step, None]
+                if bool(part.any()):
+                    b, o = part.nonzero(as_tuple=True)
+                    self._reset_voxels(layer, name, sl[b], brick_offsets(vox[b, o]))
+                    layer.touch(bk[part.any(dim=1)])
+                    if self._esdf is not None:
+                        self._dirty_bricks.append(bk[part.any(dim=1)])
             freed[name] = self._free_bricks(layer, bricks, full)
         self.version += 1
         return {"bricks_freed": freed}
