@@ -312,11 +312,12 @@ class MapEntry:
             if op.error is not None or op.kind != "frame":
                 continue
             f = op.args
+            room = min(self.budget - self.bytes, self.service.memory_budget - others - self.bytes) - reserved
             try:
                 if isinstance(f, wire.LidarFrame):
-                    g = budget.lidar_growth(self.map, f.points, f.T_world_sensor)
+                    g = budget.lidar_growth(self.map, f.points, f.T_world_sensor, room)
                 else:
-                    g = budget.depth_growth(self.map, f.depth_m, f.K, f.T_world_sensor)
+                    g = budget.depth_growth(self.map, f.depth_m, f.K, f.T_world_sensor, room)
             except MapperError as e:
                 op.error = e
                 continue
