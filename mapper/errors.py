@@ -28,3 +28,17 @@ class Conflict(MapperError):
 
 class CapacityExceeded(MapperError):
     """A size limit would be exceeded (HTTP 413 / 429)."""
+
+
+class RequestTooLarge(CapacityExceeded, InvalidArgument):
+    """One request (a slice, box, query, mesh, or a map's ESDF reach) would need more memory than a
+    single request may use (HTTP 413); the message names the numbers."""
+
+
+class InsufficientStorage(CapacityExceeded):
+    """A map's or the process's memory budget would be exceeded (HTTP 507); nothing was changed."""
+
+
+class OutOfDeviceMemory(MapperError):
+    """The device ran out of memory during an operation (HTTP 503); the map is unchanged or holds the
+    operation's partial update, and keeps serving."""

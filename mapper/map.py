@@ -15,7 +15,7 @@ import torch
 
 from . import _validation as v
 from . import queries as Q
-from .errors import InvalidArgument, InvalidArgumentType, NotFound
+from .errors import InvalidArgument, InvalidArgumentType, NotFound, RequestTooLarge
 from .grid import IndexGrid
 from .integrators import occupancy as occ
 from .integrators import tsdf
@@ -33,6 +33,9 @@ from .mesh import Mesh, extract_mesh, mesh_since
 from .registration import Odometry, OdometryConfig
 
 LAYERS = ("tsdf", "color", "occupancy", "esdf")
+# points per chunk of a point query (bounds its temporaries: ~1.2 KB per point in one piece on the CPU torch
+# path, so a 16 M-cell slice needed ~20 GB; chunked, a query costs its outputs plus one chunk's working set)
+QUERY_CHUNK = {"cpu": 1 << 15, "cuda": 1 << 20}
 _HOST = torch.device("cpu")  # tracking poses live on the host (see mapper.registration)
 MAX_TRAJECTORY = 100_000  # sensor poses kept per map (the oldest half is dropped beyond)
 
@@ -104,6 +107,9 @@ class Map:
         occupancy: optional dict of ``OccupancyConfig`` fields (``l_hit``, ``l_miss``, ``clamp_min``, ...).
         registration: optional dict of ``mapper.registration.OdometryConfig`` fields for LiDAR frames
             without a pose (``max_range_m`` defaults to the map's; voxel ``max_range_m / 100``).
+        keep_radius_m: optional radius policy (bounded memory, like nvblox's radius clearing): after each
+            frame, the bricks lying wholly farther than this from the frame's sensor origin are freed in
+            every layer. Deterministic (a function of the frames), so a replayed log gives the same map.
     """
 
     def __init__(
@@ -118,8 +124,10 @@ class Map:
         tsdf_obs_weight: float = 1.0,
         occupancy: dict | None = None,
         registration: dict | None = None,
+        keep_radius_m: float | None = None,
     ):
         self.voxel_size_m = _positive("voxel_size_m", voxel_size_m)
+        self.keep_radius_m = _positive("keep_radius_m", keep_radius_m, allow_none=True)
         if isinstance(layers, str):
             layers = (layers,)
         layers = tuple(layers)
@@ -231,9 +239,12 @@ class Map:
                 d = world - origin
                 rng = torch.linalg.vector_norm(d, dim=1)
                 touched.append(self._carve(origin, d / rng[:, None], rng))
+        cleared = self._keep_radius(T[:3, 3])
         T_host = T.cpu()
         self._end(touched, T_host)
         out = {"points_used": used, "points_dropped": int(ok.numel() - used), "T_world_sensor": T_host}
+        if cleared is not None:
+            out["bricks_cleared"] = cleared
         if info is not None:
             out["registration"] = info
         return out
@@ -304,8 +315,31 @@ class Map:
             if self._occ is not None:
                 _, origin, dirs, rng = tsdf.pixel_rays(depth, Kt, T, self.max_range_m)
                 touched.append(self._carve(origin, dirs, rng))
+        cleared = self._keep_radius(T[:3, 3])
         self._end(touched, T)
-        return {"points_used": used, "points_dropped": int(d.numel() - used)}
+        out = {"points_used": used, "points_dropped": int(d.numel() - used)}
+        if cleared is not None:
+            out["bricks_cleared"] = cleared
+        return out
+
+    def _keep_radius(self, origin: torch.Tensor) -> int | None:
+        """The radius policy: free the bricks lying wholly outside ``keep_radius_m`` of ``origin`` (float64
+        [3]) in every source layer (the ESDF follows on its next update); the number freed, or None when
+        the map has no policy."""
+        if self.keep_radius_m is None:
+            return None
+        bm = 4 * self.voxel_size_m
+        c = origin.to(self.device, torch.float64)
+        n = 0
+        for _, layer in self._brick_layers():
+            if layer.num_bricks == 0:
+                continue
+            bricks, _ = layer.brick_table()
+            lo = bricks.to(torch.float64) * bm
+            near = torch.minimum(torch.maximum(c, lo), lo + bm)  # the brick's point nearest to the origin
+            far = torch.linalg.vector_norm(near - c, dim=1) > self.keep_radius_m
+            n += self._free_bricks(layer, bricks, far)
+        return n
 
     @property
     def coordinate_limit_m(self) -> float:
@@ -429,18 +463,21 @@ class Map:
                 continue
             local = torch.stack(
                 torch.meshgrid(*(torch.arange(4, device=self.device),) * 3, indexing="ij"), -1
-            )
-            vox = bricks[:, None, :] * 4 + local.reshape(1, 64, 3)
-            centres = (vox.to(torch.float64) + 0.5) * s
-            inside = inside_fn(centres.reshape(-1, 3)).reshape(-1, 64)
-            full = inside.all(dim=1)
-            part = inside & ~full[:, None]
-            if bool(part.any()):
-                b, o = part.nonzero(as_tuple=True)
-                self._reset_voxels(layer, name, slots[b], brick_offsets(vox[b, o]))
-                layer.touch(bricks[part.any(dim=1)])
-                if self._esdf is not None:
-                    self._dirty_bricks.append(bricks[part.any(dim=1)])
+            ).reshape(1, 64, 3)
+            full = torch.zeros(bricks.shape[0], dtype=torch.bool, device=self.device)
+            step = QUERY_CHUNK.get(self.device.type, 1 << 15) // 64  # ~4 KB of temporaries per brick
+            for a in range(0, bricks.shape[0], step):
+                bk, sl = bricks[a : a + step], slots[a : a + step]
+                vox = bk[:, None, :] * 4 + local
+                inside = inside_fn(((vox.to(torch.float64) + 0.5) * s).reshape(-1, 3)).reshape(-1, 64)
+                full[a : a + step] = inside.all(dim=1)
+                part = inside & ~full[a : a + step, None]
+                if bool(part.any()):
+                    b, o = part.nonzero(as_tuple=True)
+                    self._reset_voxels(layer, name, sl[b], brick_offsets(vox[b, o]))
+                    layer.touch(bk[part.any(dim=1)])
+                    if self._esdf is not None:
+                        self._dirty_bricks.append(bk[part.any(dim=1)])
             freed[name] = self._free_bricks(layer, bricks, full)
         self.version += 1
         return {"bricks_freed": freed}
@@ -484,6 +521,7 @@ class Map:
                 k: getattr(self.occupancy_config, k) for k in ("l_hit", "l_miss", "clamp_min", "clamp_max")
             },
             "registration": dict(self._registration),
+            "keep_radius_m": self.keep_radius_m,
         }
 
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
@@ -556,6 +594,9 @@ class Map:
         corner voxels is unobserved; weight float32 [M], 0 there)."""
         layer = self._require("tsdf")
         p = Q.check_query_points("points_world", points_world, self.device)
+        return self._chunked(lambda q: self._query_tsdf(layer, q), p)
+
+    def _query_tsdf(self, layer, p: torch.Tensor):
         _, frac, ok, vals, present = Q.gather_corners(
             layer, p, self.voxel_size_m, ["tsdf", "weight"], [0.0, 0.0]
         )
@@ -569,6 +610,9 @@ class Map:
         1 occupied; probability float32 [M], 0.5 where unknown)."""
         layer = self._require("occupancy")
         p = Q.check_query_points("points_world", points_world, self.device)
+        return self._chunked(lambda q: self._query_occupancy(layer, q), p)
+
+    def _query_occupancy(self, layer, p: torch.Tensor):
         ijk, ok = Q.voxel_of(p, self.voxel_size_m)
         (lo,), present = Q.gather_voxels(layer, ijk, ["log_odds"], [float("nan")])
         known = ok & present & ~torch.isnan(lo)
@@ -586,6 +630,29 @@ class Map:
         False (then the map is only read: a service keeps the ESDF current in its writer)."""
         esdf = self._esdf_current(update_esdf)
         p = Q.check_query_points("points_world", points_world, self.device)
+        return self._chunked(lambda q: self._query_distance(esdf, q), p)
+
+    def _chunked(self, fn, p: torch.Tensor, n: int | None = None) -> tuple[torch.Tensor, ...]:
+        """``fn(points [m, 3]) -> tuple of [m, ...] tensors`` over ``QUERY_CHUNK`` points at a time, into
+        preallocated outputs. ``p``: float64 ``[n, 3]`` points, or a callable ``(start, end) -> points``
+        (then ``n`` is the count), so lattice queries never hold all their points at once."""
+        if n is None:
+            n = p.shape[0]
+        step = QUERY_CHUNK.get(self.device.type, 1 << 15)
+        points = p if callable(p) else (lambda a, b: p[a:b])
+        if n <= step:
+            return tuple(fn(points(0, n)))
+        outs = None
+        for a in range(0, n, step):
+            b = min(a + step, n)
+            part = fn(points(a, b))
+            if outs is None:
+                outs = tuple(torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device) for x in part)
+            for o, x in zip(outs, part, strict=True):
+                o[a:b] = x
+        return outs
+
+    def _query_distance(self, esdf, p: torch.Tensor):
         if use_triton(self.device):
             from .kernels.triton_query import distance_launch, usable  # one launch; same values as below
 
@@ -640,12 +707,16 @@ class Map:
         w = max(1, math.ceil(float(hi[0] - lo[0]) / res))
         h = max(1, math.ceil(float(hi[1] - lo[1]) / res))
         if w * h > max_pixels:
-            raise InvalidArgument(f"resolution_m: the slice would have {w}x{h} pixels (limit {max_pixels})")
+            raise RequestTooLarge(
+                f"resolution_m: the slice would have {w}x{h} = {w * h} pixels (limit {max_pixels})"
+            )
         xs = lo[0] + (torch.arange(w, device=self.device, dtype=torch.float64) + 0.5) * res
         ys = lo[1] + (torch.arange(h, device=self.device, dtype=torch.float64) + 0.5) * res
-        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-        pts = torch.stack((gx, gy, torch.full_like(gx, z)), dim=-1).reshape(-1, 3)
-        d, _, _ = self.query_distance(pts, update_esdf=update_esdf)
+        zs = torch.full((1,), z, dtype=torch.float64, device=self.device)
+        esdf = self._esdf_current(update_esdf)
+        (d,) = self._chunked(
+            lambda q: self._query_distance(esdf, q)[:1], _lattice((ys, xs, zs), (1, 0, 2)), h * w
+        )
         return Q.Slice(d.reshape(h, w), (float(lo[0]), float(lo[1])), res, z)
 
     def esdf_box(
@@ -660,13 +731,17 @@ class Map:
         res = self.voxel_size_m if resolution_m is None else _positive("resolution_m", resolution_m)
         n = [max(1, math.ceil(float(hi[a] - lo[a]) / res)) for a in range(3)]
         if n[0] * n[1] * n[2] > max_voxels:
-            raise InvalidArgument(f"aabb_max: the box would have {n} samples (limit {max_voxels})")
+            raise RequestTooLarge(
+                f"aabb_max: the box would have {n} = {n[0] * n[1] * n[2]} samples (limit {max_voxels})"
+            )
         axes = [
             lo[a] + (torch.arange(n[a], device=self.device, dtype=torch.float64) + 0.5) * res
             for a in range(3)
         ]
-        pts = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)
-        d, g, o = self.query_distance(pts, update_esdf=update_esdf)
+        esdf = self._esdf_current(update_esdf)
+        d, g, o = self._chunked(
+            lambda q: self._query_distance(esdf, q), _lattice(axes, (0, 1, 2)), n[0] * n[1] * n[2]
+        )
         return Q.EsdfBox(d.reshape(*n), g.reshape(*n, 3), o.reshape(*n), tuple(lo.tolist()), res)
 
     def raycast(self, T_world_sensor, K, width: int, height: int, max_range_m: float | None = None):
@@ -806,6 +881,22 @@ class Map:
             return extract_mesh(self._tsdf, self.voxel_size_m)
         return mesh_since(self._tsdf, self.voxel_size_m, since_version)
 
+    @property
+    def bricks(self) -> dict[str, int]:
+        """Allocated bricks (4^3 voxels) per layer, without walking the voxels."""
+        out = {name: layer.num_bricks for name, layer in self._brick_layers()}
+        if self._esdf is not None:
+            out["esdf"] = self._esdf.layer.num_bricks
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the map's layers hold (voxel pools, topology, the ESDF), without walking the voxels."""
+        n = sum(layer.nbytes for _, layer in self._brick_layers())
+        if self._esdf is not None:
+            n += self._esdf.layer.nbytes
+        return n
+
     def timings_ms(self) -> dict[str, float]:
         """Per-stage wall times (ms) of the last frame (and ESDF update), without the O(map) work of
         ``stats()``; on CUDA this synchronises once to read the events."""
@@ -839,6 +930,20 @@ class Map:
             "layers": layers,
             "timings_ms": self._timer.resolve(),
         }
+
+
+def _lattice(axes, xyz: tuple[int, int, int]):
+    """``(start, end) -> float64 [end - start, 3]``: the points of the lattice of three 1-D coordinate
+    tensors ``axes`` (C order over them) with flat indices in ``[start, end)``; column ``c`` takes its
+    coordinate from ``axes[xyz[c]]``."""
+    n1, n2 = axes[1].numel(), axes[2].numel()
+
+    def points(a: int, b: int) -> torch.Tensor:
+        idx = torch.arange(a, b, device=axes[0].device)
+        ijk = (idx // (n1 * n2), (idx // n2) % n1, idx % n2)
+        return torch.stack([axes[xyz[c]][ijk[xyz[c]]] for c in range(3)], dim=1)
+
+    return points
 
 
 def raycast_tsdf(layer, T, K, width, height, s, tau, max_range_m, chunk=1 << 16) -> Q.RaycastResult:

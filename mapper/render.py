@@ -24,6 +24,7 @@ _VIRIDIS = np.array(
     ],
     dtype=np.float64,
 )
+_ROWS = 1 << 16  # pixels per chunk of the colour mapping
 UNKNOWN_RGB = (128, 128, 128)  # viridis never has R == G == B
 INSIDE_RGB = (165, 0, 38)  # occupied / inside obstacles (negative distance)
 
@@ -40,9 +41,14 @@ def colorize_distance(distance, max_distance_m: float) -> np.ndarray:
     """uint8 ``[H, W, 3]``: free space by viridis over [0, max_distance_m], inside (d < 0) in
     ``INSIDE_RGB``, unknown (NaN) in ``UNKNOWN_RGB``."""
     d = distance.detach().cpu().numpy() if isinstance(distance, torch.Tensor) else np.asarray(distance)
-    rgb = colormap(d / max(max_distance_m, 1e-9))
-    rgb[np.nan_to_num(d, nan=1.0) < 0] = INSIDE_RGB
-    rgb[np.isnan(d)] = UNKNOWN_RGB
+    rgb = np.empty((*d.shape, 3), dtype=np.uint8)
+    flat, out = d.reshape(-1), rgb.reshape(-1, 3)
+    for a in range(0, flat.size, _ROWS):  # chunks: the colormap's float64 temporaries are ~100 B/pixel
+        x = flat[a : a + _ROWS]
+        o = colormap(x / max(max_distance_m, 1e-9))
+        o[np.nan_to_num(x, nan=1.0) < 0] = INSIDE_RGB
+        o[np.isnan(x)] = UNKNOWN_RGB
+        out[a : a + _ROWS] = o
     return rgb
 
 

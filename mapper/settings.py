@@ -49,13 +49,18 @@ class Settings(BaseSettings):
     max_points_per_frame: int = Field(2_000_000, gt=0)
     max_image_pixels: int = Field(4_000_000, gt=0)
     max_query_points: int = Field(1_000_000, gt=0)
-    max_slice_cells: int = Field(16_000_000, gt=0)
+    max_slice_cells: int = Field(4_000_000, gt=0)
     max_box_voxels: int = Field(8_000_000, gt=0)
     max_maps: int = Field(64, gt=0)
     queue_depth: int = Field(64, gt=0)
     max_batch: int = Field(16, gt=0)
     ws_max_in_flight: int = Field(256, gt=0)
     max_pose_translation_m: float = Field(1e6, gt=0)  # per axis; also bounded by each map's key range
+    # memory (bytes); unset = sized to the machine when the service starts (mapper/budget.py): all maps
+    # together 50 % of RAM (60 % of GPU memory with CUDA), one map the same, one read RAM / 32
+    memory_budget_bytes: int | None = Field(None, gt=0)
+    map_memory_budget_bytes: int | None = Field(None, gt=0)
+    max_request_bytes: int | None = Field(None, gt=0)
 
     # durability
     fsync: bool = True

@@ -13,7 +13,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import CapacityExceeded, Conflict, InvalidArgument, InvalidArgumentType, MapperError, NotFound
+from ..errors import (
+    CapacityExceeded,
+    Conflict,
+    InsufficientStorage,
+    InvalidArgument,
+    InvalidArgumentType,
+    MapperError,
+    NotFound,
+    OutOfDeviceMemory,
+)
 from ..wire import MalformedMessage, TooLarge
 
 log = logging.getLogger("mapper.api")
@@ -52,9 +61,11 @@ STATUS: list[tuple[type[BaseException], int]] = [
     (NotFound, 404),
     (Conflict, 409),
     (Busy, 429),
+    (InsufficientStorage, 507),
     (TooLarge, 413),
     (CapacityExceeded, 413),
     (Unavailable, 503),
+    (OutOfDeviceMemory, 503),
     (InvalidArgumentType, 422),
     (InvalidArgument, 422),
     (MapperError, 400),

@@ -130,6 +130,22 @@ class Metrics:
         self.layer_bytes = per_map(Gauge, "mapper_layer_bytes", "Bytes per layer", ["layer"])
         self.maps = Gauge("mapper_maps", "Maps served", registry=r)
         self.ws_connections = Gauge("mapper_ws_connections", "Open WebSocket streams", registry=r)
+        # memory bounds (README "Limits and memory budgets")
+        self.map_memory = per_map(Gauge, "mapper_map_memory_bytes", "Bytes a map's layers hold")
+        self.map_budget = per_map(Gauge, "mapper_map_memory_budget_bytes", "A map's memory budget")
+        self.memory_budget = Gauge(
+            "mapper_memory_budget_bytes", "Memory budget of all maps together", registry=r
+        )
+        self.budget_refusals = per_map(
+            Counter,
+            "mapper_budget_refusals",
+            "Requests refused before allocating: budget=map|process (507), request (413)",
+            ["budget"],
+        )
+        self.keep_radius = per_map(Gauge, "mapper_keep_radius_m", "A map's keep radius (radius policy)")
+        self.radius_cleared = per_map(
+            Counter, "mapper_radius_cleared_bricks", "Bricks freed by a map's radius policy"
+        )
         r.register(_GpuMemory())
 
     def forget_map(self, map_id: str) -> None:

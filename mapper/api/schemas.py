@@ -64,6 +64,12 @@ class MapCreate(BaseModel):
     tsdf_obs_weight: Annotated[float, Field(strict=True, gt=0, le=1e3, allow_inf_nan=False)] | None = None
     occupancy: OccupancyParams | None = None
     registration: RegistrationParams | None = None
+    keep_radius_m: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = Field(
+        None, description="radius policy: free the bricks wholly farther than this from each frame's sensor"
+    )
+    memory_budget_bytes: Annotated[int, Field(gt=0, le=1 << 50)] | None = Field(
+        None, description="this map's memory budget (507 beyond it); default MAPPER_MAP_MEMORY_BUDGET_BYTES"
+    )
 
 
 class MapSummary(BaseModel):
@@ -75,6 +81,8 @@ class MapSummary(BaseModel):
     version: int
     last_seq: int = Field(description="sequence number of the last operation in the write-ahead log")
     queue_depth: int
+    memory_bytes: int | None = Field(None, description="bytes the map's layers hold")
+    memory_budget_bytes: int | None = Field(None, description="the map's memory budget")
 
 
 class MapList(BaseModel):

@@ -30,8 +30,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import wire
-from ..errors import Conflict, InvalidArgument, InvalidArgumentType, MapperError, NotFound
+from .. import budget, wire
+from ..errors import (
+    Conflict,
+    InsufficientStorage,
+    InvalidArgument,
+    InvalidArgumentType,
+    MapperError,
+    NotFound,
+    OutOfDeviceMemory,
+)
 from ..map import Map
 from ..persistence import DataDir, MapDir, Snapshot, load_snapshot_bytes
 from ..settings import Settings
@@ -183,6 +191,12 @@ class MapEntry:
         self.stats_time = 0.0
         self.quarantined: list[dict] = []  # notes of WAL records that failed on replay (MapDir.quarantine)
         self.in_flight = 0  # operations queued or being processed whose future is not resolved yet
+        self.budget: int = info.get("memory_budget_bytes") or service.map_budget
+        self.bytes = m.nbytes  # refreshed by the writer after each batch (read by other maps' writers)
+        self.metrics.map_memory.labels(self.id).set(self.bytes)
+        self.metrics.map_budget.labels(self.id).set(self.budget)
+        if m.keep_radius_m is not None:
+            self.metrics.keep_radius.labels(self.id).set(m.keep_radius_m)
 
     # ------------------------------------------------------------------------------ async interface
     def start(self) -> None:
@@ -220,9 +234,12 @@ class MapEntry:
     async def read(self, fn, *, exclusive: bool = False, esdf: bool = False):
         """Run ``fn(map)`` on the query pool under the read lock (write lock if ``exclusive``)."""
         if esdf and self.esdf_dirty and "esdf" in self.map.layers:
-            await asyncio.get_running_loop().run_in_executor(self.executor, self._update_esdf_locked)
+            await asyncio.get_running_loop().run_in_executor(
+                self.executor, _no_oom(self._update_esdf_locked, f"map {self.id!r}: ESDF update")
+            )
         lock = self.lock.write if exclusive else self.lock.read
 
+        @_no_oom_deco(f"map {self.id!r}: query")
         def call():
             with lock():
                 return fn(self.map)
@@ -299,8 +316,47 @@ class MapEntry:
                 op.registration = info
                 op.record = encode_record("frame", f)
 
+    def _admit(self, batch: list[Op]) -> None:
+        """Writer thread, before logging: refuse (``InsufficientStorage``, HTTP 507) every frame whose
+        projected growth (``mapper.budget``: an upper bound on the bricks its rays can allocate in each
+        layer and on the ESDF domain and update it can cause) would take the map past its budget or all
+        maps past the process budget. A refused frame is never written to the log, so it cannot reach
+        replay; the map is untouched."""
+        others = sum(e.bytes for e in list(self.service.maps.values()) if e is not self)
+        reserved = 0
+        for op in batch:
+            if op.error is not None or op.kind != "frame":
+                continue
+            f = op.args
+            room = min(self.budget - self.bytes, self.service.memory_budget - others - self.bytes) - reserved
+            try:
+                if isinstance(f, wire.LidarFrame):
+                    g = budget.lidar_growth(self.map, f.points, f.T_world_sensor, room)
+                else:
+                    g = budget.depth_growth(self.map, f.depth_m, f.K, f.T_world_sensor, room)
+            except MapperError as e:
+                op.error = e
+                continue
+            need = self.bytes + reserved + g.bytes + g.transient
+            which = None
+            if need > self.budget:
+                which, limit, used = "map", self.budget, self.bytes + reserved
+            elif others + need > self.service.memory_budget:
+                which, limit, used = "process", self.service.memory_budget, others + self.bytes + reserved
+            if which is None:
+                reserved += g.bytes
+                continue
+            self.metrics.budget_refusals.labels(self.id, which).inc()
+            name = "the map's memory budget" if which == "map" else "the memory budget of all maps"
+            op.error = InsufficientStorage(
+                f"frame refused: it could add {g.describe()} to {budget.fmt_bytes(used)} in use, over "
+                f"{name} of {limit} bytes ({budget.fmt_bytes(limit)}); the map is unchanged"
+                + (" (memory_budget_bytes)" if which == "map" else " (MAPPER_MEMORY_BUDGET_BYTES)")
+            )
+
     def _process(self, batch: list[Op]) -> list:
         self._track(batch)
+        self._admit(batch)
         t = time.perf_counter()
         for op in batch:
             if op.error is not None:
@@ -324,6 +380,15 @@ class MapEntry:
                     results.append(res)
                 except MapperError as e:
                     results.append(e)
+                except torch.OutOfMemoryError:
+                    log.warning("map %s: op %d (%s) ran out of device memory", self.id, op.seq, op.kind)
+                    _release_cached()
+                    results.append(
+                        OutOfDeviceMemory(
+                            f"map {self.id!r}: out of device memory integrating op {op.seq}; the map keeps "
+                            "serving its earlier state (the frame may be partly integrated); retry later"
+                        )
+                    )
                 except Exception as e:  # a library bug: keep serving, report it as an internal error
                     log.exception("map %s: op %d (%s) failed", self.id, op.seq, op.kind)
                     results.append(e)
@@ -334,6 +399,8 @@ class MapEntry:
                         self._update_esdf()
                     except Exception:  # the frames are in; the next update retries the region
                         log.exception("map %s: ESDF update failed", self.id)
+        self.bytes = self.map.nbytes
+        self.metrics.map_memory.labels(self.id).set(self.bytes)
         now = time.monotonic()
         if now - self.stats_time > 2.0:
             self.stats_time = now
@@ -355,6 +422,8 @@ class MapEntry:
         self.metrics.points.labels(self.id, "used").inc(res["points_used"])
         self.metrics.points.labels(self.id, "dropped").inc(res["points_dropped"])
         self.metrics.frame_done(self.id, op.registration)
+        if res.get("bricks_cleared"):
+            self.metrics.radius_cleared.labels(self.id).inc(res["bricks_cleared"])
         ack = {
             "seq": op.seq,
             "map_version": 0,
@@ -456,7 +525,37 @@ class MapEntry:
             "version": self.map.version,
             "last_seq": self.last_seq,
             "queue_depth": self.queue.qsize(),
+            "memory_bytes": self.bytes,
+            "memory_budget_bytes": self.budget,
         }
+
+
+def _release_cached() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _no_oom_deco(what: str):
+    """Decorator: ``torch.OutOfMemoryError`` -> ``OutOfDeviceMemory`` (HTTP 503; the map is only read)."""
+
+    def wrap(fn):
+        return _no_oom(fn, what)
+
+    return wrap
+
+
+def _no_oom(fn, what: str):
+    def call(*args, **kw):
+        try:
+            return fn(*args, **kw)
+        except torch.OutOfMemoryError:
+            log.warning("%s ran out of device memory", what)
+            _release_cached()
+            raise OutOfDeviceMemory(
+                f"{what}: out of device memory; the map is unchanged; retry later"
+            ) from None
+
+    return call
 
 
 def _jsonable(obj):
@@ -582,6 +681,14 @@ class MapService:
             settings.max_query_points,
             settings.max_pose_translation_m,
         )
+        # memory bounds (README "Limits and memory budgets"): unset settings are sized to the machine
+        frac = 0.6 if self.device.type == "cuda" else 0.5
+        self.memory_budget = settings.memory_budget_bytes or int(
+            frac * budget.device_memory_bytes(self.device)
+        )
+        self.map_budget = settings.map_memory_budget_bytes or self.memory_budget
+        self.request_bytes = settings.max_request_bytes or max(64 << 20, budget.total_memory_bytes() // 32)
+        metrics.memory_budget.set(self.memory_budget)
         self.maps: dict[str, MapEntry] = {}
         memory.limit_arenas(settings.malloc_arena_max)  # before the service's threads start
         self.query_pool = ThreadPoolExecutor(settings.query_threads, thread_name_prefix="query")
@@ -716,16 +823,36 @@ class MapService:
         self.check_ready()
         return sorted(self.maps.values(), key=lambda e: e.info.get("created", ""))
 
-    async def create(self, name: str | None, config: dict) -> MapEntry:
+    async def create(
+        self, name: str | None, config: dict, memory_budget_bytes: int | None = None
+    ) -> MapEntry:
+        """A new empty map; ``memory_budget_bytes`` (default ``map_budget``) is stored in its info.json.
+        Refused (``RequestTooLarge``, 413) when one surface brick's ESDF would exceed that budget."""
         self.check_ready()
         m = await asyncio.to_thread(Map, **config, device=self.device)  # validates the config
-        return await self._register(name, m, None)
+        if "esdf" in m.layers:
+            budget.check_esdf_reach(
+                m.voxel_size_m, m.esdf_max_distance_m, memory_budget_bytes or self.map_budget
+            )
+        extra = {"memory_budget_bytes": memory_budget_bytes} if memory_budget_bytes else {}
+        return await self._register(name, m, None, extra)
 
-    async def _register(self, name: str | None, m: Map, snapshot: tuple | None) -> MapEntry:
+    async def _register(
+        self, name: str | None, m: Map, snapshot: tuple | None, extra: dict | None = None
+    ) -> MapEntry:
         """Store and serve a new map. All or nothing: the snapshot (if any) is written before ``info.json``
         (which makes the directory a map) and a failure removes the directory again."""
         if name is not None:
             check_name(name)
+        if snapshot is not None:  # an imported map arrives whole: it must fit the budgets as it is
+            others = sum(e.bytes for e in self.maps.values())
+            need, limit = m.nbytes, min(self.map_budget, self.memory_budget - others)
+            if need > limit:
+                raise InsufficientStorage(
+                    f"import: the map holds {need} bytes ({budget.fmt_bytes(need)}); {limit} bytes are left "
+                    f"in the memory budgets (MAPPER_MAP_MEMORY_BUDGET_BYTES={self.map_budget}, "
+                    f"MAPPER_MEMORY_BUDGET_BYTES={self.memory_budget})"
+                )
         async with self._names_lock:
             if len(self.maps) >= self.settings.max_maps:
                 raise Conflict(f"map limit reached ({self.settings.max_maps} maps; MAPPER_MAX_MAPS)")
@@ -738,6 +865,7 @@ class MapService:
                 "name": name,
                 "created": datetime.now(UTC).isoformat(timespec="milliseconds"),
                 "config": m.config(),
+                **(extra or {}),
             }
             mdir = self.data.map_dir(map_id)
             try:

@@ -18,7 +18,7 @@ from ..schemas import FRAME_BODY, Ack, ErrorBody
 from ..service import MapEntry, encode_record
 
 log = logging.getLogger("mapper.api.frames")
-ERRORS = {c: {"model": ErrorBody} for c in (400, 401, 403, 404, 413, 422, 429, 503)}
+ERRORS = {c: {"model": ErrorBody} for c in (400, 401, 403, 404, 413, 422, 429, 503, 507)}
 router = APIRouter(prefix="/v1/maps", tags=["frames"])
 SHUTDOWN_REASON = "service restarting: every frame taken is acknowledged; resend the rest elsewhere or later"
 

@@ -24,7 +24,7 @@ from ..schemas import (
     SnapshotInfo,
 )
 
-ERRORS = {c: {"model": ErrorBody} for c in (400, 401, 403, 404, 409, 413, 422, 429, 503)}
+ERRORS = {c: {"model": ErrorBody} for c in (400, 401, 403, 404, 409, 413, 422, 429, 503, 507)}
 router = APIRouter(prefix="/v1/maps", tags=["maps"], dependencies=[ReadAuth], responses=ERRORS)
 
 
@@ -34,7 +34,7 @@ def _config(body: MapCreate, settings) -> dict:
         "layers": list(body.layers or settings.default_layers),
         "max_range_m": body.max_range_m or settings.default_max_range_m,
     }
-    for k in ("truncation_vox", "esdf_max_distance_m", "tsdf_max_weight", "tsdf_obs_weight"):
+    for k in ("truncation_vox", "esdf_max_distance_m", "tsdf_max_weight", "tsdf_obs_weight", "keep_radius_m"):
         if getattr(body, k) is not None:
             cfg[k] = getattr(body, k)
     if body.occupancy is not None:
@@ -47,7 +47,7 @@ def _config(body: MapCreate, settings) -> dict:
 @router.post("", status_code=201, response_model=MapSummary, dependencies=[WriteAuth])
 async def create_map(body: MapCreate, service: ServiceDep, settings: SettingsDep) -> MapSummary:
     """Create an empty map; returns its server-generated id."""
-    entry = await service.create(body.name, _config(body, settings))
+    entry = await service.create(body.name, _config(body, settings), body.memory_budget_bytes)
     return MapSummary(**entry.summary())
 
 

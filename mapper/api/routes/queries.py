@@ -12,9 +12,9 @@ import torch
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from ... import wire
-from ...errors import InvalidArgument
-from ..deps import EntryDep, ReadAuth, attachment, read_message, reply
+from ... import budget, wire
+from ...errors import InvalidArgument, RequestTooLarge
+from ..deps import EntryDep, ReadAuth, attachment, read_message, reply, wants_msgpack
 from ..schemas import QUERY_BODY, BoxRequest, ErrorBody
 from ..service import MapEntry, require
 
@@ -36,10 +36,28 @@ def np_(x) -> np.ndarray:
     return np.asarray(x)
 
 
+def _bound(entry: MapEntry, what: str, count: int, unit: str, per_item: int) -> None:
+    """Refuse (413, naming the numbers) a read whose output and encoding would exceed
+    ``MAPPER_MAX_REQUEST_BYTES``, before anything is allocated."""
+    try:
+        budget.check_read(
+            what, count, unit, per_item, entry.service.request_bytes, "MAPPER_MAX_REQUEST_BYTES"
+        )
+    except RequestTooLarge:
+        entry.metrics.budget_refusals.labels(entry.id, "request").inc()
+        raise
+
+
+def _fmt(request: Request) -> str:
+    return "msgpack" if wants_msgpack(request) else "json"
+
+
 async def _points(request: Request, entry: MapEntry) -> np.ndarray:
     msg = await read_message(request)
     limit = entry.service.limits.max_query_points
-    return await asyncio.to_thread(wire.check_points, msg.get("points"), "points", limit, False)
+    pts = await asyncio.to_thread(wire.check_points, msg.get("points"), "points", limit, False)
+    _bound(entry, "query", int(pts.shape[0]), "points", budget.QUERY_POINT_BYTES[_fmt(request)])
+    return pts
 
 
 async def _timed(entry: MapEntry, kind: str, fn, **kw):
@@ -122,7 +140,13 @@ async def esdf_slice(
     y_max: Annotated[float | None, Query(allow_inf_nan=False, ge=-1e6, le=1e6)] = None,
     resolution_m: Annotated[float | None, Query(gt=0, le=100, allow_inf_nan=False)] = None,
 ):
-    """A horizontal ESDF slice at height ``z`` (NaN = unknown); bounds default to the map's extent."""
+    """A horizontal ESDF slice at height ``z`` (NaN = unknown); bounds default to the map's extent.
+    413 when its cells exceed ``MAPPER_MAX_SLICE_CELLS`` or their memory ``MAPPER_MAX_REQUEST_BYTES``."""
+    per_cell = budget.SLICE_CELL_BYTES[format]
+    max_cells = min(
+        entry.settings.max_slice_cells,
+        max(1, (entry.service.request_bytes - budget.READ_WORKING_BYTES) // per_cell),
+    )
     bounds = (x_min, y_min, x_max, y_max)
     if any(b is None for b in bounds) and any(b is not None for b in bounds):
         raise InvalidArgument("x_min, y_min, x_max, y_max: give all four or none")
@@ -134,11 +158,11 @@ async def esdf_slice(
         res = resolution_m or entry.map.voxel_size_m
         cells = math.ceil((x_max - x_min) / res) * math.ceil((y_max - y_min) / res)
         if cells > entry.settings.max_slice_cells:
-            from ...wire import TooLarge
-
-            raise TooLarge(
+            entry.metrics.budget_refusals.labels(entry.id, "request").inc()
+            raise RequestTooLarge(
                 f"slice: {cells} cells exceed MAPPER_MAX_SLICE_CELLS={entry.settings.max_slice_cells}"
             )
+        _bound(entry, f"slice ({format})", cells, "cells", per_cell)
 
     def run(m):
         s = require(m, "esdf_slice")(
@@ -146,7 +170,7 @@ async def esdf_slice(
             aabb_min_xy=lo,
             aabb_max_xy=hi,
             resolution_m=resolution_m,
-            max_pixels=entry.settings.max_slice_cells,
+            max_pixels=max_cells,
         )
         if format == "png":
             from ... import render
@@ -174,9 +198,9 @@ async def esdf_box(request: Request, entry: EntryDep, body: BoxRequest):
     s = entry.map.voxel_size_m
     n = math.prod(max(1, math.ceil((b - a) / s)) for a, b in zip(body.aabb_min, body.aabb_max, strict=True))
     if n > entry.settings.max_box_voxels:
-        from ...wire import TooLarge
-
-        raise TooLarge(f"box: {n} voxels exceed MAPPER_MAX_BOX_VOXELS={entry.settings.max_box_voxels}")
+        entry.metrics.budget_refusals.labels(entry.id, "request").inc()
+        raise RequestTooLarge(f"box: {n} voxels exceed MAPPER_MAX_BOX_VOXELS={entry.settings.max_box_voxels}")
+    _bound(entry, "box", n, "voxels", budget.BOX_VOXEL_BYTES[_fmt(request)])
 
     def run(m):
         b = require(m, "esdf_box")(body.aabb_min, body.aabb_max, max_voxels=entry.settings.max_box_voxels)
@@ -208,7 +232,10 @@ async def get_mesh(
     since_version: Annotated[int | None, Query(ge=0, le=2**62)] = None,
 ):
     """The TSDF zero-crossing mesh; with ``since_version`` only the blocks changed since then (plus the
-    removed blocks), for incremental viewers."""
+    removed blocks), for incremental viewers. 413 when the TSDF is too large to mesh within
+    ``MAPPER_MAX_REQUEST_BYTES``."""
+    tsdf_voxels = entry.map.bricks.get("tsdf", 0) * 64
+    _bound(entry, "mesh", tsdf_voxels, "voxels", budget.MESH_VOXEL_BYTES)
 
     def run(m):
         t = time.perf_counter()
