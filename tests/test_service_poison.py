@@ -161,7 +161,7 @@ def test_a_failing_record_is_quarantined_and_replay_goes_on(tmp_path):
         m = c.get(f"/v1/maps/{mid}").json()
         assert m["frames_integrated"] == 5 and m["last_seq"] == 8
         metrics = c.get("/metrics").text
-        assert f'mapper_wal_quarantined_records_total{{map="{mid}"}} 3.0' in metrics
+        assert f'mapper_wal_quarantined_records_total{{map="{mid}",name="{mid}"}} 3.0' in metrics
         got = query_tsdf(c, mid)
     ref = reference([0, 1, 2, 3, 4]).query_tsdf(torch.tensor(POINTS))[0].double().numpy()
     np.testing.assert_allclose(got, ref)

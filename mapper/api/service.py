@@ -771,9 +771,9 @@ class MapService:
         mdir = self.data.map_dir(map_id)
         quarantined: list = []
         m, info, snap, last, replayed = recover_map(mdir, self.device, quarantined)
+        entry = MapEntry(self, info, m, mdir, last, snap.seq if snap else 0)  # registers the map's name
         if quarantined:
             self.metrics.quarantined.labels(map_id).inc(len(quarantined))
-        entry = MapEntry(self, info, m, mdir, last, snap.seq if snap else 0)
         entry.quarantined = mdir.quarantined()
         entry.last_snapshot = snap
         entry.snapshot_version = m.version if (snap is not None and replayed == 0) else -1
