@@ -122,3 +122,25 @@ def test_drain_gives_up_after_the_grace(tmp_path):
         assert 0.3 <= time.monotonic() - t < 5
         service.maps[mid].in_flight -= 1
         assert c.portal.call(service.drain, 5.0) is True
+
+
+def test_drain_with_a_full_ack_queue_still_acks_everything(tmp_path):
+    """ws_max_in_flight=1: when the stream stops, its ack queue may be full; the end marker must wait for
+    room instead of being dropped (which left the last ack unsent until a 60 s timeout)."""
+    with client(tmp_path, ws_max_in_flight=1) as c:
+        mid = c.post("/v1/maps", json={"voxel_size_m": 0.25, "layers": ["tsdf"]}).json()["id"]
+        service = c.app.state.service
+        with c.websocket_connect(f"/v1/maps/{mid}/stream") as ws:
+            for i in range(4):
+                ws.send_bytes(frame_bytes(i, frame_id=f"f{i}"))
+            first = msgpack.unpackb(ws.receive_bytes())
+            t = time.monotonic()
+            c.portal.start_task_soon(service.drain, 30.0)
+            acks = [first]
+            with pytest.raises(WebSocketDisconnect) as e:
+                while True:
+                    acks.append(msgpack.unpackb(ws.receive_bytes()))
+            assert e.value.code == 1012 and time.monotonic() - t < 10
+        taken = service.maps[mid].last_seq
+        assert [a["frame_id"] for a in acks] == [f"f{i}" for i in range(taken)]
+        assert 1 <= taken <= 4 and service.maps[mid].map.frames_integrated == taken

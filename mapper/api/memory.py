@@ -4,12 +4,12 @@ Why: a request's CPU tensors (ESDF update, mesh extraction, slices, query batche
 10^5-10^8 bytes. glibc serves them from per-thread arenas (up to 8 per core) once its dynamic mmap
 threshold has risen past them, and keeps the freed pages. Each of the ~12 threads that allocate (map
 writers, query pool, ``asyncio.to_thread`` workers) grows its own arena to the peak it has seen, so the
-resident size creeps up for tens of minutes after the maps stopped growing, although the live heap is
-flat (NOTES.md, "Service memory": mallinfo2 showed the arenas' free bytes, not the bytes in use, growing).
+resident size creeps up for many minutes after the maps stopped growing, although the live heap is
+flat (NOTES.md, "Service: shutdown and memory on long runs": mallinfo2 showed the arenas' free bytes,
+not the bytes in use, growing).
 
 Fix: cap the arenas (``MAPPER_MALLOC_ARENA_MAX``, default 2) before the service's threads start, and
-return the free pages to the OS every ``MAPPER_MALLOC_TRIM_S`` (default 10 s; ``malloc_trim(0)`` takes a
-few ms).
+return the free pages to the OS every ``MAPPER_MALLOC_TRIM_S`` (default 10 s).
 """
 
 from __future__ import annotations

@@ -143,10 +143,13 @@ async def stream_frames(ws: WebSocket, map_id: str):
                 t.cancel()
         metrics.ws_connections.dec()
         if not sender.done():
-            with contextlib.suppress(asyncio.QueueFull):
-                pending.put_nowait(None)
+
+            async def finish():  # the sender empties the queue, so the end marker always finds room
+                await pending.put(None)
+                await sender
+
             try:
-                await asyncio.wait_for(sender, timeout=60)
+                await asyncio.wait_for(finish(), timeout=60)
             except Exception:
                 sender.cancel()
         with contextlib.suppress(Exception):
