@@ -58,15 +58,15 @@ class PeakRss:
         return self.peak - self.start
 
 
-def metric(text: str, name: str, **labels) -> float:
+def metric(text: str, series: str, **labels) -> float:
     """The value of one sample in a Prometheus text page (labels in any order)."""
     want = {f'{k}="{v}"' for k, v in labels.items()}
     for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
+        if line.startswith(series + "{") or line.startswith(series + " "):
             got = set(line[line.find("{") + 1 : line.find("}")].split(",")) if "{" in line else set()
             if got == want:
                 return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} {labels} not in the metrics")
+    raise AssertionError(f"{series} {labels} not in the metrics")
 
 
 def scattered(n: int, r_max: float, seed: int = 0) -> np.ndarray:
@@ -107,8 +107,8 @@ def test_huge_slice_is_413_in_milliseconds_and_allocates_nothing(tmp_path):
         assert "16000000 cells" in body["detail"] and "MAPPER_MAX_SLICE_CELLS=4000000" in body["detail"]
         assert dt < 0.5, dt
         assert mem.grew < 16 * MiB, mem.grew  # the old path took ~1.2 KB per cell: 19 GB
-        metrics = c.get("/metrics").text
-        assert metric(metrics, "mapper_budget_refusals_total", budget="request", map=mid) == 1
+        metrics = c.get("/metrics", headers=auth(READ_TOKEN)).text
+        assert metric(metrics, "mapper_budget_refusals_total", budget="request", map=mid, name=mid) == 1
 
 
 def test_read_bounds_by_bytes_name_the_numbers(tmp_path):
@@ -223,10 +223,10 @@ def test_frame_over_map_budget_is_507_before_the_wal(tmp_path):
         assert q.status_code == 200
         ok = c.post(f"/v1/maps/{mid}/frames", content=frame_bytes(1, 500), headers=CT)
         assert ok.status_code == 200 and ok.json()["seq"] == before[0] + 1
-        m = c.get("/metrics").text
-        assert metric(m, "mapper_budget_refusals_total", budget="map", map=mid) == 1
-        assert metric(m, "mapper_map_memory_budget_bytes", map=mid) == budget
-        assert metric(m, "mapper_map_memory_bytes", map=mid) == _seq_and_bytes(c, mid)[1]
+        m = c.get("/metrics", headers=auth(READ_TOKEN)).text
+        assert metric(m, "mapper_budget_refusals_total", budget="map", map=mid, name=mid) == 1
+        assert metric(m, "mapper_map_memory_budget_bytes", map=mid, name=mid) == budget
+        assert metric(m, "mapper_map_memory_bytes", map=mid, name=mid) == _seq_and_bytes(c, mid)[1]
     with client(tmp_path) as c:
         s = c.get(f"/v1/maps/{mid}").json()
         assert s["memory_budget_bytes"] == budget and s["last_seq"] == before[0] + 1
@@ -424,11 +424,10 @@ def test_keep_radius_over_http_survives_restart_and_replay(tmp_path):
         assert s["config"]["keep_radius_m"] == 3.0
         probe = {"points": np.random.default_rng(0).uniform(-6, 9, (300, 3)).tolist()}
         live = c.post(f"/v1/maps/{mid}/query/tsdf", json=probe, headers={"accept": wire.MSGPACK}).content
-        m = c.get("/metrics").text
-        assert f'mapper_keep_radius_m{{map="{mid}"}} 3.0' in m
-        line = next(
-            x for x in m.splitlines() if x.startswith(f'mapper_radius_cleared_bricks_total{{map="{mid}"}}')
-        )
+        m = c.get("/metrics", headers=auth(READ_TOKEN)).text
+        assert f'mapper_keep_radius_m{{map="{mid}",name="{mid}"}} 3.0' in m
+        series = f'mapper_radius_cleared_bricks_total{{map="{mid}",name="{mid}"}}'
+        line = next(x for x in m.splitlines() if x.startswith(series))
         assert float(line.split()[-1]) > 0
         # a copy of the data directory now holds info.json and the write-ahead log, no snapshot
         shutil.copytree(tmp_path / "data", tmp_path / "copy" / "data")
