@@ -55,6 +55,9 @@ class MapCreate(BaseModel):
     layers: Annotated[list[LayerName], Field(min_length=1, max_length=4)] | None = None
     truncation_vox: Annotated[float, Field(ge=1.0, le=32.0, allow_inf_nan=False)] | None = None
     esdf_max_distance_m: Annotated[float, Field(gt=0, le=50.0, allow_inf_nan=False)] | None = None
+    esdf_voxel_size_m: Annotated[float, Field(ge=0.005, le=10.0, allow_inf_nan=False)] | None = Field(
+        None, description="the ESDF's own voxel (>= voxel_size_m); default max(voxel_size_m, 0.05)"
+    )
     max_range_m: Annotated[float, Field(gt=0, le=1000.0, allow_inf_nan=False)] | None = None
     tsdf_max_weight: Annotated[float, Field(gt=0, le=1e4, allow_inf_nan=False)] | None = None
     tsdf_obs_weight: Annotated[float, Field(gt=0, le=1e3, allow_inf_nan=False)] | None = None
