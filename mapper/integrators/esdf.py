@@ -269,17 +269,21 @@ def _coarse_of_fine(v: torch.Tensor, ratio: float):
 
 
 def _gather_voxels(
-    layer: BrickLayer, ijk: torch.Tensor, name: str, fill
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float32 values of field ``name`` at int64 ``[M, 3]`` voxels, ``fill`` where absent; present)."""
-    if layer.grid.num_leaves == 0 or layer.pool.capacity == 0 or ijk.shape[0] == 0:
-        return torch.full((ijk.shape[0],), fill, dtype=torch.float32, device=ijk.device), torch.zeros(
-            ijk.shape[0], dtype=torch.bool, device=ijk.device
-        )
+    layer: BrickLayer, ijk: torch.Tensor, names, fills
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(float32 values of the fields ``names`` at int64 ``[M, 3]`` voxels, ``fills`` where absent;
+    present)."""
+    m = ijk.shape[0]
+    if layer.grid.num_leaves == 0 or layer.pool.capacity == 0 or m == 0:
+        vals = [torch.full((m,), f, dtype=torch.float32, device=ijk.device) for f in fills]
+        return vals, torch.zeros(m, dtype=torch.bool, device=ijk.device)
     slot, off = layer.voxel_slots(ijk)
     present = slot >= 0
-    v = layer.pool.gather(name, slot.clamp(min=0), off).to(torch.float32)
-    return torch.where(present, v, torch.full_like(v, fill)), present
+    out = []
+    for name, fill in zip(names, fills, strict=True):
+        v = layer.pool.gather(name, slot.clamp(min=0), off).to(torch.float32)
+        out.append(torch.where(present, v, torch.full_like(v, fill)))
+    return out, present
 
 
 def fine_to_coarse_bricks(fine_bricks: torch.Tensor, ratio: float, pad: int) -> torch.Tensor:
@@ -299,7 +303,42 @@ def fine_to_coarse_bricks(fine_bricks: torch.Tensor, ratio: float, pad: int) -> 
     return _unique_bricks(cand[ok])
 
 
-def coarse_tsdf_sites(layer: BrickLayer, fine_bricks: torch.Tensor, ratio: float, rows: int = CPU_BRICKS):
+def _padded_bricks(layer: BrickLayer, bricks: torch.Tensor):
+    """tsdf (float64) and observed (bool) of whole bricks extended by one voxel on the + side of every axis
+    (from the 7 upper neighbour bricks; absent = unobserved): ``[M, 5, 5, 5]`` each."""
+    m = bricks.shape[0]
+    dev = bricks.device
+    corners = torch.tensor([[(c >> 2) & 1, (c >> 1) & 1, c & 1] for c in range(8)], device=dev)
+    ext = _existing_bricks(layer, _unique_bricks((bricks[:, None, :] + corners[None]).reshape(-1, 3)))
+    keys = voxel_keys(ext)
+    slot, _ = (
+        layer.voxel_slots(ext << 2) if ext.shape[0] else (torch.zeros(0, dtype=torch.int64, device=dev), None)
+    )
+    if ext.shape[0]:
+        t_all = layer.pool.gather("tsdf", slot).to(torch.float64)
+        o_all = layer.pool.gather("weight", slot) > 0
+    else:
+        t_all = torch.zeros((0, 64), dtype=torch.float64, device=dev)
+        o_all = torch.zeros((0, 64), dtype=torch.bool, device=dev)
+    t_all = torch.cat((t_all, t_all.new_zeros((1, 64)))).view(-1, 4, 4, 4)
+    o_all = torch.cat((o_all, o_all.new_zeros((1, 64)))).view(-1, 4, 4, 4)
+    t = torch.zeros((m, 5, 5, 5), dtype=torch.float64, device=dev)
+    o = torch.zeros((m, 5, 5, 5), dtype=torch.bool, device=dev)
+    for c in range(8):
+        d = corners[c].tolist()
+        k = voxel_keys(bricks + corners[c])
+        pos = torch.searchsorted(keys, k).clamp_(max=max(keys.numel() - 1, 0))
+        row = torch.where(keys[pos] == k, pos, torch.full_like(pos, keys.numel())) if keys.numel() else pos
+        src = tuple(slice(0, 4) if x == 0 else slice(0, 1) for x in d)
+        dst = tuple(slice(0, 4) if x == 0 else slice(4, 5) for x in d)
+        t[(slice(None), *dst)] = t_all[row][(slice(None), *src)]
+        o[(slice(None), *dst)] = o_all[row][(slice(None), *src)]
+    return t, o
+
+
+def coarse_tsdf_sites(
+    layer: BrickLayer, fine_bricks: torch.Tensor, ratio: float, rows: int = CPU_BRICKS // 4
+):
     """Sites of a TSDF layer on a coarser ESDF lattice (``ratio = S / s > 1``), from the fine voxels of
     ``fine_bricks`` as the lower corners of their cells.
 
@@ -309,52 +348,51 @@ def coarse_tsdf_sites(layer: BrickLayer, fine_bricks: torch.Tensor, ratio: float
         site voxel's centre (NaN: none on that line).
     """
     dev = fine_bricks.device
-    local = brick_local_coords(dev)
     keys, axes, offs = [], [], []
-    eye = torch.eye(3, dtype=torch.int64, device=dev)
+    ar4 = torch.arange(4, device=dev)
     for sl in _chunks(fine_bricks.shape[0], dev, rows):
         b = fine_bricks[sl]
-        w_b = _gather_bricks(layer, b, "weight", 0.0)
-        bi, oi = (w_b > 0).nonzero(as_tuple=True)
-        vox = b[bi] * 4 + local[oi]
+        t, o = _padded_bricks(layer, b)
+        # per axis and brick: the coarse line (index, fraction) through each of the 4 fine cells, if any
+        lines = [_coarse_of_fine(b[:, x, None] * 4 + ar4[None, :], ratio) for x in range(3)]  # [m, 4] each
         for a in range(3):
             u, v = (x for x in range(3) if x != a)
-            iu, fu, oku = _coarse_of_fine(vox[:, u], ratio)
-            iv, fv, okv = _coarse_of_fine(vox[:, v], ratio)
-            sel = (oku & okv).nonzero().squeeze(1)
-            if sel.numel() == 0:
+            iu, fu, oku = lines[u]
+            iv, fv, okv = lines[v]
+            has = oku[:, :, None] & okv[:, None, :]  # [m, 4(u), 4(v)]
+            bi, cu, cv = has.nonzero(as_tuple=True)
+            if bi.numel() == 0:
                 continue
-            base, iu, fu, iv, fv = vox[sel], iu[sel], fu[sel], iv[sel], fv[sel]
-            vals, oks = [], []
-            for dk in (0, 1):
-                acc = torch.zeros(base.shape[0], dtype=torch.float64, device=dev)
-                ok = torch.ones(base.shape[0], dtype=torch.bool, device=dev)
-                for du in (0, 1):
-                    for dv in (0, 1):
-                        wgt = (fu if du else 1.0 - fu) * (fv if dv else 1.0 - fv)
-                        ijk = base + du * eye[u] + dv * eye[v] + dk * eye[a]
-                        t, present = _gather_voxels(layer, ijk, "tsdf", 0.0)
-                        w, _ = _gather_voxels(layer, ijk, "weight", 0.0)
-                        need = wgt > 0
-                        ok &= ~need | (present & (w > 0))
-                        acc = acc + torch.where(need, wgt * t.to(torch.float64), torch.zeros_like(acc))
-                vals.append(acc)
-                oks.append(ok)
-            va, vb = vals
-            cross = oks[0] & oks[1] & ((va > 0) != (vb > 0))
-            idx = cross.nonzero().squeeze(1)
-            if idx.numel() == 0:
+            fu_, fv_ = fu[bi, cu][:, None], fv[bi, cv][:, None]  # [L, 1]
+            # values on the line at the 5 breakpoints k = 0..4 of the brick (bilinear across the line)
+            tp = t.permute(0, u + 1, v + 1, a + 1)  # [m, u, v, a]
+            op = o.permute(0, u + 1, v + 1, a + 1)
+            acc = torch.zeros((bi.numel(), 5), dtype=torch.float64, device=dev)
+            ok = torch.ones((bi.numel(), 5), dtype=torch.bool, device=dev)
+            for du in (0, 1):
+                for dv in (0, 1):
+                    wgt = (fu_ if du else 1.0 - fu_) * (fv_ if dv else 1.0 - fv_)
+                    tv = tp[bi, cu + du, cv + dv]  # [L, 5]
+                    ov = op[bi, cu + du, cv + dv]
+                    need = wgt > 0
+                    ok &= ~need | ov
+                    acc = acc + torch.where(need, wgt * tv, torch.zeros_like(acc))
+            va, vb = acc[:, :4], acc[:, 1:]
+            cross = ok[:, :4] & ok[:, 1:] & ((va > 0) != (vb > 0))
+            li, k = cross.nonzero(as_tuple=True)
+            if li.numel() == 0:
                 continue
-            va, vb = va[idx], vb[idx]
-            t = va / (va - vb)
-            q = (base[idx, a].to(torch.float64) + t + 0.5) / ratio  # coarse units, voxel c spans [c, c + 1)
+            va, vb = va[li, k], vb[li, k]
+            tt = va / (va - vb)
+            kk = (b[bi[li], a] * 4 + k).to(torch.float64)
+            q = (kk + tt + 0.5) / ratio  # coarse units: voxel c spans [c, c + 1)
             c = torch.floor(q)
-            site = torch.empty((idx.numel(), 3), dtype=torch.int64, device=dev)
+            site = torch.empty((li.numel(), 3), dtype=torch.int64, device=dev)
             site[:, a] = c.to(torch.int64)
-            site[:, u] = iu[idx]
-            site[:, v] = iv[idx]
+            site[:, u] = iu[bi[li], cu[li]]
+            site[:, v] = iv[bi[li], cv[li]]
             keys.append(voxel_keys(site))
-            axes.append(torch.full((idx.numel(),), a, dtype=torch.int64, device=dev))
+            axes.append(torch.full((li.numel(),), a, dtype=torch.int64, device=dev))
             offs.append((q - c - 0.5).to(torch.float32))
     if not keys:
         return torch.zeros((0, 3), dtype=torch.int64, device=dev), torch.zeros((0, 9), device=dev)
@@ -398,6 +436,49 @@ def coarse_occupancy_sites(
     return v, t
 
 
+class _FineBlock:
+    """Whole-brick values of a source layer around a set of ESDF bricks, with a dense brick table over
+    their bounding box, for many voxel lookups at once (a gather per lookup instead of a grid search)."""
+
+    def __init__(self, layer: BrickLayer, coarse_bricks: torch.Tensor, ratio: float, names, fills):
+        dev = coarse_bricks.device
+        lo = torch.floor((coarse_bricks.to(torch.float64) * 4 + 0.5) * ratio - 0.5).to(torch.int64) - 1
+        hi = torch.floor((coarse_bricks.to(torch.float64) * 4 + 4.0) * ratio).to(torch.int64) + 1
+        lo, hi = lo >> 2, hi >> 2
+        span = int((hi - lo).max()) + 1 if coarse_bricks.shape[0] else 1
+        rng = torch.arange(span, device=dev)
+        off = torch.stack(torch.meshgrid(rng, rng, rng, indexing="ij"), dim=-1).reshape(-1, 3)
+        cand = lo[:, None, :] + off[None]
+        fine = _existing_bricks(layer, _unique_bricks(cand[(cand <= hi[:, None, :]).all(dim=2)]))
+        self.names, self.fills = list(names), list(fills)
+        self.vals = []
+        for n, f in zip(self.names, self.fills, strict=True):
+            v = _gather_bricks(layer, fine, n, f).to(torch.float32)
+            self.vals.append(torch.cat((v, torch.full((1, 64), f, dtype=torch.float32, device=dev))))
+        self.absent = fine.shape[0]
+        if fine.shape[0]:
+            self.lo = fine.min(dim=0).values
+            self.ext = fine.max(dim=0).values - self.lo + 1
+        else:
+            self.lo = torch.zeros(3, dtype=torch.int64, device=dev)
+            self.ext = torch.ones(3, dtype=torch.int64, device=dev)
+        cells = int(self.ext.prod())
+        self.table = torch.full((cells,), self.absent, dtype=torch.int64, device=dev)
+        if fine.shape[0]:
+            self.table[self._flat(fine - self.lo)] = torch.arange(fine.shape[0], device=dev)
+
+    def _flat(self, b: torch.Tensor) -> torch.Tensor:
+        return (b[:, 0] * self.ext[1] + b[:, 1]) * self.ext[2] + b[:, 2]
+
+    def lookup(self, ijk: torch.Tensor):
+        """(float32 values per name at int64 ``[M, 3]`` fine voxels, present bool ``[M]``)."""
+        b = (ijk >> 2) - self.lo
+        inside = ((b >= 0) & (b < self.ext)).all(dim=1)
+        row = torch.where(inside, self.table[self._flat(torch.where(inside[:, None], b, 0))], self.absent)
+        off = brick_offsets(ijk)
+        return [v[row, off] for v in self.vals], row < self.absent
+
+
 def coarse_sign_observed(tsdf, occ, free, bricks: torch.Tensor, ratio: float, rows: int = CPU_BRICKS):
     """(bool inside ``[M, 64]``, bool observed ``[M, 64]``) of whole coarse bricks.
 
@@ -416,6 +497,7 @@ def coarse_sign_observed(tsdf, occ, free, bricks: torch.Tensor, ratio: float, ro
         obs = torch.zeros(vox.shape[0], dtype=torch.bool, device=dev)
         inside = torch.zeros_like(obs)
         if tsdf is not None:
+            block = _FineBlock(tsdf, b, ratio, ("tsdf", "weight"), (0.0, 0.0))
             x = (vox.to(torch.float64) + 0.5) * ratio - 0.5
             base = torch.floor(x)
             f = x - base
@@ -425,21 +507,21 @@ def coarse_sign_observed(tsdf, occ, free, bricks: torch.Tensor, ratio: float, ro
             for c in range(8):
                 d = torch.tensor([(c >> 2) & 1, (c >> 1) & 1, c & 1], device=dev)
                 wgt = torch.where(d == 1, f, 1.0 - f).prod(dim=1)
-                t, present = _gather_voxels(tsdf, base + d, "tsdf", 0.0)
-                w, _ = _gather_voxels(tsdf, base + d, "weight", 0.0)
+                (t, w), present = block.lookup(base + d)
                 use = (wgt > 0) & present & (w > 0)
                 num = num + torch.where(use, wgt * t.to(torch.float64), torch.zeros_like(num))
                 den = den + torch.where(use, wgt, torch.zeros_like(den))
             obs = den > 0
             inside = obs & (num <= 0)
         if occ is not None:
+            block = _FineBlock(occ, b, ratio, ("log_odds",), (math.nan,))
             fine = torch.floor((vox.to(torch.float64) + 0.5) * ratio).to(torch.int64)
-            lo, _ = _gather_voxels(occ, fine, "log_odds", math.nan)
+            (lo,), _ = block.lookup(fine)
             known = ~torch.isnan(lo)
             inside = torch.where(obs, inside, lo > 0)
             obs = obs | known
         if free is not None:
-            lo, _ = _gather_voxels(free, vox, "log_odds", math.nan)
+            lo = _gather_bricks(free, b, "log_odds", math.nan).to(torch.float32).reshape(-1)
             obs = obs | ~torch.isnan(lo)
         ins_out.append(inside.view(m, 64))
         obs_out.append(obs.view(m, 64))
@@ -866,30 +948,45 @@ class EsdfIntegrator:
             vox, t = vox[keep], t[keep]
         return vox, t
 
-    def _observed_candidates(self, tsdf, occ, free, region) -> torch.Tensor:
-        """ESDF bricks that may hold an observed voxel (sorted unique), in ``region`` (None: all)."""
+    def _observed_candidates(self, tsdf, occ, free, region) -> tuple[torch.Tensor, torch.Tensor]:
+        """ESDF bricks that may hold an observed voxel (sorted unique), in ``region`` (None: all), and
+        which of them the source layers can reach (the others are known through the free record only)."""
         parts = []
         for la in (tsdf, occ):
             if la is None or la.grid.num_leaves == 0:
                 continue
             b = la.brick_table()[0]
             parts.append(b if self.same_lattice else fine_to_coarse_bricks(_unique_bricks(b), self.ratio, 1))
+        src = (
+            _unique_bricks(torch.cat(parts))
+            if parts
+            else torch.zeros((0, 3), dtype=torch.int64, device=self.device)
+        )
         if free is not None and free.grid.num_leaves:
-            parts.append(free.brick_table()[0])
-        if not parts:
-            return torch.zeros((0, 3), dtype=torch.int64, device=self.device)
-        cand = _unique_bricks(torch.cat(parts))
+            cand = _unique_bricks(torch.cat((src, free.brick_table()[0])))
+        else:
+            cand = src
         if region is not None:
             cand = cand[_member(voxel_keys(cand), voxel_keys(region))]
-        return cand
+        return cand, _member(voxel_keys(cand), voxel_keys(src))
 
-    def _sign_observed(self, tsdf, occ, free, bricks):
+    def _sign_observed(self, tsdf, occ, free, bricks, near_src):
+        """(inside, observed) ``[M, 64]`` of ESDF bricks; the source layers are read only where
+        ``near_src`` (bool ``[M]``)."""
         if self.same_lattice:
             inside, observed = sign_observed(tsdf, occ, bricks)
             if free is not None:
                 observed = observed | ~torch.isnan(_gather_bricks(free, bricks, "log_odds", math.nan).float())
             return inside, observed
-        return coarse_sign_observed(tsdf, occ, free, bricks, self.ratio)
+        inside = torch.zeros((bricks.shape[0], 64), dtype=torch.bool, device=self.device)
+        observed = torch.zeros_like(inside)
+        idx = near_src.nonzero().squeeze(1)
+        if idx.numel():
+            inside[idx], observed[idx] = coarse_sign_observed(tsdf, occ, free, bricks[idx], self.ratio)
+        idx = (~near_src).nonzero().squeeze(1)
+        if idx.numel() and free is not None:
+            observed[idx] = ~torch.isnan(_gather_bricks(free, bricks[idx], "log_odds", math.nan).float())
+        return inside, observed
 
     def _recompute(self, tsdf, occ, free, region, out_region) -> dict:
         """Recompute the bricks of ``out_region`` (None: all) from the sources in ``region`` (None: all).
@@ -899,8 +996,8 @@ class EsdfIntegrator:
         separable transform for a stored voxel and every site within ``M`` of it (exact values)."""
         site_vox, site_t = self._sites(tsdf, occ, region)
         site_bricks = _unique_bricks(site_vox >> 2)
-        cand = self._observed_candidates(tsdf, occ, free, region)
-        inside, observed = self._sign_observed(tsdf, occ, free, cand)
+        cand, near_src = self._observed_candidates(tsdf, occ, free, region)
+        inside, observed = self._sign_observed(tsdf, occ, free, cand, near_src)
         seen = observed.any(dim=1)
         obs_bricks = cand[seen]
         inside, observed = inside[seen], observed[seen]
