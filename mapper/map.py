@@ -633,6 +633,8 @@ class Map:
 
     def _esdf_bounds(self, update: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         bricks, _ = self._esdf_current(update).layer.brick_table()
+        if self._free is not None and self._free.grid.num_leaves:  # the known free space counts too
+            bricks = torch.cat((bricks, self._free.brick_table()[0]))
         if bricks.shape[0] == 0:
             raise InvalidArgument("the map has no ESDF yet: pass explicit bounds")
         s4 = 4 * self.esdf_voxel_size_m
