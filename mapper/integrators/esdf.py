@@ -484,8 +484,9 @@ def coarse_sign_observed(tsdf, occ, free, bricks: torch.Tensor, ratio: float, ro
 
     TSDF: trilinear at the coarse centre over its 8 fine corners with a non-zero weight that are observed
     (observed: any such corner; inside: the weighted mean ``<= 0``); occupancy: the fine voxel holding the
-    centre (known / occupied); free record: the coarse voxel itself (known = crossed by a ray). Sign: the
-    TSDF where it observed, else the occupancy, else positive. With ``ratio == 1`` the corners reduce to
+    centre (known / occupied); free record: the coarse voxel itself (known = crossed by a ray before its
+    return). Sign: positive where the free record knows the voxel, else the TSDF where it observed, else the
+    occupancy, else positive. With ``ratio == 1`` the corners reduce to
     the voxel itself (:func:`sign_observed`)."""
     dev = bricks.device
     local = brick_local_coords(dev)
@@ -520,9 +521,12 @@ def coarse_sign_observed(tsdf, occ, free, bricks: torch.Tensor, ratio: float, ro
             known = ~torch.isnan(lo)
             inside = torch.where(obs, inside, lo > 0)
             obs = obs | known
-        if free is not None:
-            lo = _gather_bricks(free, b, "log_odds", math.nan).to(torch.float32).reshape(-1)
-            obs = obs | ~torch.isnan(lo)
+        if (
+            free is not None
+        ):  # crossed by a ray before its return: free, whatever the TSDF's occluded band says
+            known = ~torch.isnan(_gather_bricks(free, b, "log_odds", math.nan).to(torch.float32).reshape(-1))
+            obs = obs | known
+            inside = inside & ~known
         ins_out.append(inside.view(m, 64))
         obs_out.append(obs.view(m, 64))
     if not ins_out:
@@ -976,7 +980,8 @@ class EsdfIntegrator:
         if self.same_lattice:
             inside, observed = sign_observed(tsdf, occ, bricks)
             if free is not None:
-                observed = observed | ~torch.isnan(_gather_bricks(free, bricks, "log_odds", math.nan).float())
+                known = ~torch.isnan(_gather_bricks(free, bricks, "log_odds", math.nan).float())
+                return inside & ~known, observed | known
             return inside, observed
         inside = torch.zeros((bricks.shape[0], 64), dtype=torch.bool, device=self.device)
         observed = torch.zeros_like(inside)

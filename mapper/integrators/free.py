@@ -8,10 +8,11 @@ a brick layer at the ESDF voxel size with one fp16 field ``log_odds`` in the occ
 (NaN = never crossed, negative = crossed; each crossing adds ``l_miss`` once per frame, clamped at
 ``clamp_min``), so the map's decay and clear treat it like an occupancy layer.
 
-``gap = max(tau, sqrt(3) / 2 * S - tau)`` (``tau``: TSDF truncation, ``S``: ESDF voxel): every voxel the
-shortened segment crosses has its centre at most ``tau`` beyond the end of the free segment's hit along
-the ray, i.e. in the TSDF band (which then gives its sign), and every voxel whose centre is farther than
-``tau`` in front of a frontal surface is still crossed. A voxel no ray crossed is never marked.
+``gap = max(tau, sqrt(3) / 2 * S)`` (``tau``: TSDF truncation, ``S``: ESDF voxel): every voxel the
+shortened segment crosses has its centre in front of the ray's return (so a voxel of the record is free:
+the ESDF gives it a positive sign even where the TSDF's occluded band behind a thin object says inside),
+and a voxel whose centre is farther than ``max(tau, 0.37 S)`` in front of a frontal surface is still
+crossed (nearer ones lie in the TSDF band). A voxel no ray crossed is never marked.
 
 The walk is the brick-segment walk of :mod:`mapper.kernels.segments` (``MISS`` mode), at the ESDF voxel
 size; the layer is small (2 B per voxel, at the ESDF's resolution, not the TSDF's).
@@ -38,7 +39,7 @@ def free_fields() -> dict[str, FieldSpec]:
 
 def free_gap(tau_m: float, esdf_voxel_m: float) -> float:
     """How far before each return (metres along the ray) the free segment stops."""
-    return max(tau_m, math.sqrt(3.0) / 2.0 * esdf_voxel_m - tau_m)
+    return max(tau_m, math.sqrt(3.0) / 2.0 * esdf_voxel_m)
 
 
 def depth_stride(max_depth_m: float, focal_px: float, esdf_voxel_m: float) -> int:
