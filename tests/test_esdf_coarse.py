@@ -284,9 +284,10 @@ def test_accuracy_in_simulated_room():
         1,
     )
     foot = (ijk + 0.5) * S - true[:, None] * grad  # nearest surface point (where the field is smooth)
-    tg, td = m.layer("tsdf")
-    t_ijk = tg.ijk.cpu().numpy()[td["weight"].cpu().numpy() > 0]
-    seen = lookup(t_ijk, np.floor(foot / FINE).astype(np.int64)) >= 0
+    # the nearest surface point was observed: the TSDF there is observed and has its zero level there (not
+    # e.g. the underside of the table top, which no frame saw and the TSDF's occluded band covers)
+    t_foot, w_foot = m.query_tsdf(torch.as_tensor(foot))
+    seen = (w_foot.numpy() > 0) & (np.abs(t_foot.numpy()) < 0.5 * FINE)
     sel = obs & seen & (np.abs(true) < maxd - S) & (np.linalg.norm(grad, axis=1) > 0.99)
     assert sel.sum() > 1000
     err = np.abs(esdf[sel] - true[sel]) / S
