@@ -200,6 +200,8 @@ def _rays_growth(
     reach = m._esdf.brick_radius + math.ceil(tau / bm) + 1 if m._esdf is not None else 0
     box = {"tsdf": _box_bricks(lo, hi, bm, tau), "occupancy": _box_bricks(lo, hi, bm, s)}
     box["esdf"] = _box_bricks(lo_e, hi_e, bm, reach * bm)
+    bf = 4 * getattr(m, "esdf_voxel_size_m", s)  # the free record's bricks (ESDF voxels)
+    box["free"] = _box_bricks(lo, hi, bf, bf)
     g = _growth_of(m, box)
     if room is not None and g.bytes + g.transient <= room:
         return g
@@ -210,6 +212,8 @@ def _rays_growth(
         n["tsdf"] = min(_band_bricks(ranges, tau, bm), band, box["tsdf"])
     if m._occ is not None:
         n["occupancy"] = min(_free_space_bricks(ranges, bm), box["occupancy"])
+    if getattr(m, "_free", None) is not None:  # the rays' free space, walked at the ESDF's voxel
+        n["free"] = min(_free_space_bricks(ranges, bf), box["free"])
     if m._esdf is not None:
         # surface sites lie within the band (+1 brick for the crossings' neighbours), the domain within
         # Rb bricks of a site brick
@@ -220,7 +224,7 @@ def _rays_growth(
 def _growth_of(m, bricks: dict[str, float]) -> Growth:
     """Bytes of up to ``bricks[layer]`` new bricks per layer of ``m`` (layers it lacks are skipped)."""
     g = Growth()
-    for name, layer in (("tsdf", m._tsdf), ("occupancy", m._occ)):
+    for name, layer in (("tsdf", m._tsdf), ("occupancy", m._occ), ("free", getattr(m, "_free", None))):
         if layer is None:
             continue
         n = bricks[name]

@@ -17,6 +17,7 @@ from . import _validation as v
 from . import queries as Q
 from .errors import InvalidArgument, InvalidArgumentType, NotFound, RequestTooLarge
 from .grid import IndexGrid
+from .integrators import free as free_space
 from .integrators import occupancy as occ
 from .integrators import tsdf
 from .integrators.common import (
@@ -27,6 +28,7 @@ from .integrators.common import (
     check_points,
     check_pose,
 )
+from .integrators.free import free_fields
 from .kernels.dispatch import use_triton
 from .layers import BrickLayer, brick_offsets
 from .mesh import Mesh, extract_mesh, mesh_since
@@ -102,6 +104,8 @@ class Map:
         device: ``"cpu"``, ``"cuda"``, or None (CUDA when available).
         truncation_vox: TSDF truncation distance in voxels.
         esdf_max_distance_m: distances beyond this are reported as this value.
+        esdf_voxel_size_m: the ESDF's own voxel edge (metres), ``>= voxel_size_m``; None: ``max(voxel_size_m,
+            0.05)``. Distances are measured to the fine TSDF's sub-voxel surface points either way.
         max_range_m: returns beyond this range are dropped before anything is allocated.
         tsdf_max_weight, tsdf_obs_weight: weight cap and per-observation weight of the running average.
         occupancy: optional dict of ``OccupancyConfig`` fields (``l_hit``, ``l_miss``, ``clamp_min``, ...).
@@ -125,9 +129,18 @@ class Map:
         occupancy: dict | None = None,
         registration: dict | None = None,
         keep_radius_m: float | None = None,
+        esdf_voxel_size_m: float | None = None,
     ):
         self.voxel_size_m = _positive("voxel_size_m", voxel_size_m)
         self.keep_radius_m = _positive("keep_radius_m", keep_radius_m, allow_none=True)
+        if esdf_voxel_size_m is None:
+            esdf_voxel_size_m = max(self.voxel_size_m, 0.05)
+        self.esdf_voxel_size_m = _positive("esdf_voxel_size_m", esdf_voxel_size_m)
+        if self.esdf_voxel_size_m < self.voxel_size_m:
+            raise InvalidArgument(
+                f"esdf_voxel_size_m: expected a value >= voxel_size_m ({self.voxel_size_m}), "
+                f"got {esdf_voxel_size_m}"
+            )
         if isinstance(layers, str):
             layers = (layers,)
         layers = tuple(layers)
@@ -168,10 +181,18 @@ class Map:
         self._odometry: Odometry | None = None
         self._last_posed: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         self._esdf = None
+        self._free = None  # observed free space at the ESDF's resolution (see mapper.integrators.free)
         if "esdf" in layers:
             from .integrators.esdf import EsdfIntegrator
 
-            self._esdf = EsdfIntegrator(self.voxel_size_m, self.esdf_max_distance_m, self.device)
+            self._esdf = EsdfIntegrator(
+                self.esdf_voxel_size_m,
+                self.esdf_max_distance_m,
+                self.device,
+                source_voxel_size_m=self.voxel_size_m,
+            )
+            if self._occ is None or not self._esdf.same_lattice:
+                self._free = BrickLayer(free_fields(), self.device)
         self.frames_integrated = 0
         self.version = 0
         self._timer = _StageTimer(self.device)
@@ -182,6 +203,7 @@ class Map:
         self._poses: list[torch.Tensor] = []
         self._pose_versions: list[int] = []
         self._trajectory_start = 0
+        self._dirty_free: list[torch.Tensor] = []  # ESDF bricks whose free-record state changed
 
     # ----------------------------------------------------------------------------------- integration
     def _begin(self):
@@ -235,10 +257,14 @@ class Map:
             if self._tsdf is not None:
                 tsdf.integrate_lidar(self._tsdf, origin, world, self.tsdf_config, self._timer)
                 touched.append(self._last_bricks(self._tsdf))
-            if self._occ is not None:
+            if self._occ is not None or self._free is not None:
                 d = world - origin
                 rng = torch.linalg.vector_norm(d, dim=1)
-                touched.append(self._carve(origin, d / rng[:, None], rng))
+                dirs = d / rng[:, None]
+            if self._occ is not None:
+                touched.append(self._carve(origin, dirs, rng))
+            if self._free is not None:
+                self._walk_free(origin, dirs, rng)
         cleared = self._keep_radius(T[:3, 3])
         T_host = T.cpu()
         self._end(touched, T_host)
@@ -315,6 +341,17 @@ class Map:
             if self._occ is not None:
                 _, origin, dirs, rng = tsdf.pixel_rays(depth, Kt, T, self.max_range_m)
                 touched.append(self._carve(origin, dirs, rng))
+            if self._free is not None:
+                with self._timer("free"):
+                    z_max = float(torch.where(ok, d, torch.zeros_like(d)).max())
+                    st = free_space.depth_stride(
+                        z_max, float(Kt[:2, :2].diagonal().min()), self.esdf_voxel_size_m
+                    )
+                    sub = torch.zeros_like(depth, dtype=torch.bool)
+                    sub[::st, ::st] = True
+                    sparse = torch.where(sub, depth, torch.zeros_like(depth))
+                    _, origin, dirs, rng = tsdf.pixel_rays(sparse, Kt, T, self.max_range_m)
+                    self._walk_free(origin, dirs, rng)
         cleared = self._keep_radius(T[:3, 3])
         self._end(touched, T)
         out = {"points_used": used, "points_dropped": int(d.numel() - used)}
@@ -328,17 +365,17 @@ class Map:
         the map has no policy."""
         if self.keep_radius_m is None:
             return None
-        bm = 4 * self.voxel_size_m
         c = origin.to(self.device, torch.float64)
         n = 0
-        for _, layer in self._brick_layers():
+        for name, layer in self._brick_layers():
             if layer.num_bricks == 0:
                 continue
+            bm = 4 * self._layer_voxel_m(name)  # the free record has the ESDF's voxel
             bricks, _ = layer.brick_table()
             lo = bricks.to(torch.float64) * bm
             near = torch.minimum(torch.maximum(c, lo), lo + bm)  # the brick's point nearest to the origin
             far = torch.linalg.vector_norm(near - c, dim=1) > self.keep_radius_m
-            n += self._free_bricks(layer, bricks, far)
+            n += self._free_bricks(layer, bricks, far, name)
         return n
 
     @property
@@ -369,6 +406,14 @@ class Map:
         occ.integrate_rays(self._occ, origin, dirs, rng, hit, self.occupancy_config, self._timer)
         return self._last_bricks(self._occ)
 
+    def _walk_free(self, origin: torch.Tensor, dirs: torch.Tensor, rng: torch.Tensor) -> None:
+        """Record the free space of rays ending in a return at ``rng`` (see mapper.integrators.free)."""
+        tau = self.tsdf_config.tau if self._tsdf is not None else 0.0
+        gap = free_space.free_gap(tau, self.esdf_voxel_size_m)
+        new = free_space.integrate_free(self._free, origin, dirs, rng - gap, self.esdf_voxel_size_m)
+        if new.numel():
+            self._dirty_free.append(new)
+
     def _last_bricks(self, layer: BrickLayer) -> torch.Tensor:
         """Bricks touched by the last allocate (recorded by the layer)."""
         return layer.last_bricks
@@ -379,14 +424,22 @@ class Map:
         last call could change (nothing when nothing changed)."""
         if self._esdf is None:
             raise NotFound("layer 'esdf' is not enabled on this map")
-        dirty = self._dirty_bricks
-        self._dirty_bricks = []
+        dirty, dirty_free = self._dirty_bricks, self._dirty_free
+        self._dirty_bricks, self._dirty_free = [], []
         with self._timer("esdf"):
-            return self._esdf.update(self._tsdf, self._occ, dirty, self.tsdf_config)
+            return self._esdf.update(self._tsdf, self._occ, dirty, self.tsdf_config, self._free, dirty_free)
 
     # --------------------------------------------------------------------------------- maintenance
     def _brick_layers(self):
-        return [(n, la) for n, la in (("tsdf", self._tsdf), ("occupancy", self._occ)) if la is not None]
+        """(name, layer) of the stored layers: tsdf, occupancy and the free record ("free", ESDF voxels)."""
+        pairs = (("tsdf", self._tsdf), ("occupancy", self._occ), ("free", self._free))
+        return [(n, la) for n, la in pairs if la is not None]
+
+    def _layer_voxel_m(self, name: str) -> float:
+        return self.esdf_voxel_size_m if name == "free" else self.voxel_size_m
+
+    def _dirty_of(self, name: str) -> list[torch.Tensor]:
+        return self._dirty_free if name == "free" else self._dirty_bricks
 
     def decay(self, factor: float = 0.5, threshold: float = 0.05) -> dict:
         """Fade old observations: weights (TSDF) and |log-odds| (occupancy) are multiplied by ``factor``;
@@ -424,17 +477,19 @@ class Map:
                 layer.pool.scatter("log_odds", slots, lo)
                 alive = ~torch.isnan(lo).all(dim=1)
             if self._esdf is not None:  # voxels that became unobserved in surviving bricks
-                self._dirty_bricks.append(bricks[died.any(dim=1) & alive])
+                self._dirty_of(name).append(bricks[died.any(dim=1) & alive])
             layer.touch(bricks[alive])
-            freed[name] = self._free_bricks(layer, bricks, ~alive)
+            freed[name] = self._free_bricks(layer, bricks, ~alive, name)
         self.version += 1
         return {"bricks_freed": freed}
 
-    def _free_bricks(self, layer: BrickLayer, bricks: torch.Tensor, drop: torch.Tensor) -> int:
+    def _free_bricks(
+        self, layer: BrickLayer, bricks: torch.Tensor, drop: torch.Tensor, name: str = ""
+    ) -> int:
         n = int(drop.sum())
         if n:
             if self._esdf is not None:
-                self._dirty_bricks.append(bricks[drop])
+                self._dirty_of(name).append(bricks[drop])
             leaf = layer.grid.ijk_to_leaf(bricks[drop] << 2)
             from .layers import brick_in_leaf
 
@@ -455,9 +510,9 @@ class Map:
 
     def _clear_where(self, inside_fn) -> dict:
         """Remove voxels where ``inside_fn(world centres [M, 3]) -> bool`` holds."""
-        s = self.voxel_size_m
         freed = {}
         for name, layer in self._brick_layers():
+            s = self._layer_voxel_m(name)
             bricks, slots = layer.brick_table()
             if slots.numel() == 0:
                 continue
@@ -477,8 +532,8 @@ class Map:
                     self._reset_voxels(layer, name, sl[b], brick_offsets(vox[b, o]))
                     layer.touch(bk[part.any(dim=1)])
                     if self._esdf is not None:
-                        self._dirty_bricks.append(bk[part.any(dim=1)])
-            freed[name] = self._free_bricks(layer, bricks, full)
+                        self._dirty_of(name).append(bk[part.any(dim=1)])
+            freed[name] = self._free_bricks(layer, bricks, full, name)
         self.version += 1
         return {"bricks_freed": freed}
 
@@ -514,6 +569,7 @@ class Map:
             "layers": list(self.layers),
             "truncation_vox": self.tsdf_config.truncation_vox,
             "esdf_max_distance_m": self.esdf_max_distance_m,
+            "esdf_voxel_size_m": self.esdf_voxel_size_m,
             "max_range_m": self.max_range_m,
             "tsdf_max_weight": self.tsdf_config.max_weight,
             "tsdf_obs_weight": self.tsdf_config.obs_weight,
@@ -549,11 +605,13 @@ class Map:
     @classmethod
     def from_state_dict(cls, tensors: dict[str, torch.Tensor], meta: dict, device=None) -> Map:
         """Rebuild a map saved with :meth:`state_dict` (on ``device``, default: CUDA when available)."""
-        m = cls(**meta["config"], device=device)
+        m = cls(**meta["config"], device=device)  # older snapshots: the ESDF voxel takes its default
         for name, layer in m._brick_layers():
+            if f"{name}.bricks" not in tensors and name == "free":
+                continue  # no free record in the snapshot (written before it existed): known after new frames
             layer.load_state_tensors(tensors, name)
             if m._esdf is not None:
-                m._dirty_bricks.append(layer.brick_table()[0])
+                m._dirty_of(name).append(layer.brick_table()[0])
         m.frames_integrated = int(meta.get("frames_integrated", 0))
         m.version = int(meta.get("version", 0))
         if "trajectory.poses" in tensors:
@@ -581,11 +639,11 @@ class Map:
     @property
     def esdf_dirty(self) -> bool:
         """True when frames or edits since the last ``update_esdf()`` may have changed the ESDF."""
-        return bool(self._dirty_bricks)
+        return bool(self._dirty_bricks or self._dirty_free)
 
     def _esdf_current(self, update: bool = True):
         esdf = self._require("esdf")
-        if update and self._dirty_bricks:
+        if update and (self._dirty_bricks or self._dirty_free):
             self.update_esdf()
         return esdf
 
@@ -657,12 +715,21 @@ class Map:
             from .kernels.triton_query import distance_launch, usable  # one launch; same values as below
 
             if usable(esdf.layer):
-                s, md = self.voxel_size_m, self.esdf_max_distance_m
-                return distance_launch(p, s, md, esdf.layer, self._tsdf, self._occ)
+                s, md = self.esdf_voxel_size_m, self.esdf_max_distance_m
+                return distance_launch(p, s, md, esdf.layer, *self._esdf_fallback())
         return self._query_distance_torch(esdf, p)
 
+    def _esdf_fallback(self) -> tuple[BrickLayer | None, BrickLayer | None]:
+        """The layers that tell whether an ESDF voxel outside the ESDF layer (farther than the max distance
+        from every site) was observed, at the ESDF's voxel: (TSDF: weight > 0, log-odds layer: not NaN).
+        The source layers count only on the same lattice; the free record always (it has the ESDF voxel)."""
+        same = self._esdf.same_lattice
+        tsdf_layer = self._tsdf if same else None
+        occ_layer = self._occ if (same and self._occ is not None) else self._free
+        return tsdf_layer, occ_layer
+
     def _query_distance_torch(self, esdf, p: torch.Tensor):
-        s, md = self.voxel_size_m, self.esdf_max_distance_m
+        s, md = self.esdf_voxel_size_m, self.esdf_max_distance_m
         ijk, frac, ok, vals, present = Q.gather_corners(esdf.layer, p, s, ["esdf", "observed"], [md, 0.0])
         d = vals["esdf"]
         obs = present & (vals["observed"] > 0)
@@ -670,11 +737,12 @@ class Map:
         if bool(absent.any()):
             a_ijk = ijk[absent]
             seen = torch.zeros(a_ijk.shape[0], dtype=torch.bool, device=self.device)
-            if self._tsdf is not None:
-                (w,), pr = Q.gather_voxels(self._tsdf, a_ijk, ["weight"], [0.0])
+            tsdf_layer, occ_layer = self._esdf_fallback()
+            if tsdf_layer is not None:
+                (w,), pr = Q.gather_voxels(tsdf_layer, a_ijk, ["weight"], [0.0])
                 seen |= pr & (w > 0)
-            if self._occ is not None:
-                (lo,), pr = Q.gather_voxels(self._occ, a_ijk, ["log_odds"], [float("nan")])
+            if occ_layer is not None:
+                (lo,), pr = Q.gather_voxels(occ_layer, a_ijk, ["log_odds"], [float("nan")])
                 seen |= pr & ~torch.isnan(lo)
             obs[absent] = seen
             d[absent] = md
@@ -684,20 +752,22 @@ class Map:
 
     def _esdf_bounds(self, update: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         bricks, _ = self._esdf_current(update).layer.brick_table()
+        if self._free is not None and self._free.grid.num_leaves:  # the known free space counts too
+            bricks = torch.cat((bricks, self._free.brick_table()[0]))
         if bricks.shape[0] == 0:
             raise InvalidArgument("the map has no ESDF yet: pass explicit bounds")
-        s4 = 4 * self.voxel_size_m
+        s4 = 4 * self.esdf_voxel_size_m
         return bricks.min(dim=0).values.double() * s4, (bricks.max(dim=0).values + 1).double() * s4
 
     def esdf_slice(
         self, z_m, aabb_min_xy=None, aabb_max_xy=None, resolution_m=None, max_pixels=1 << 24, update_esdf=True
     ) -> Q.Slice:
         """The ESDF on the plane ``z = z_m`` over ``[aabb_min_xy, aabb_max_xy]`` (default: the ESDF's
-        extent) at ``resolution_m`` (default: the voxel size); NaN = unknown."""
+        extent) at ``resolution_m`` (default: the ESDF voxel size); NaN = unknown."""
         z = float(z_m)
         if not math.isfinite(z):
             raise InvalidArgument(f"z_m: expected a finite number, got {z_m}")
-        res = self.voxel_size_m if resolution_m is None else _positive("resolution_m", resolution_m)
+        res = self.esdf_voxel_size_m if resolution_m is None else _positive("resolution_m", resolution_m)
         if aabb_min_xy is None or aabb_max_xy is None:
             lo3, hi3 = self._esdf_bounds(update_esdf)
         lo = self._vecn("aabb_min_xy", aabb_min_xy, 2) if aabb_min_xy is not None else lo3[:2]
@@ -723,12 +793,12 @@ class Map:
         self, aabb_min, aabb_max, resolution_m=None, max_voxels=1 << 24, update_esdf=True
     ) -> Q.EsdfBox:
         """Dense ESDF, its gradient and the observed mask on a box (samples at voxel-size spacing by
-        default), like nvblox's EsdfAndGradients service."""
+        default: the ESDF voxel size), like nvblox's EsdfAndGradients service."""
         lo = self._vec3("aabb_min", aabb_min)
         hi = self._vec3("aabb_max", aabb_max)
         if bool((hi <= lo).any()):
             raise InvalidArgument("aabb_max: must exceed aabb_min on every axis")
-        res = self.voxel_size_m if resolution_m is None else _positive("resolution_m", resolution_m)
+        res = self.esdf_voxel_size_m if resolution_m is None else _positive("resolution_m", resolution_m)
         n = [max(1, math.ceil(float(hi[a] - lo[a]) / res)) for a in range(3)]
         if n[0] * n[1] * n[2] > max_voxels:
             raise RequestTooLarge(

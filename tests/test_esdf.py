@@ -148,9 +148,15 @@ def assert_same_layer(a: EsdfIntegrator, b: EsdfIntegrator):
     assert torch.equal(da["observed"], db["observed"])
 
 
-def cold_of(integ: EsdfIntegrator, tsdf, occ, **kw) -> EsdfIntegrator:
-    fresh = EsdfIntegrator(integ.voxel_size_m, integ.max_distance_m, integ.device, **kw)
-    fresh.recompute(tsdf, occ)
+def cold_of(integ: EsdfIntegrator, tsdf, occ, free=None, **kw) -> EsdfIntegrator:
+    fresh = EsdfIntegrator(
+        integ.voxel_size_m,
+        integ.max_distance_m,
+        integ.device,
+        source_voxel_size_m=integ.source_voxel_size_m,
+        **kw,
+    )
+    fresh.recompute(tsdf, occ, free)
     return fresh
 
 
@@ -188,10 +194,13 @@ def test_occupancy_sites_match_scipy_edt(device):
     np.testing.assert_array_equal(observed, ~np.isnan(known_lo))
     inside = known_lo > 0
     assert np.all(np.signbit(esdf[inside])) and not np.any(np.signbit(esdf[~inside]))
-    # the domain: exactly the bricks within ceil(M / 4) bricks (box) of a site's brick
+    # the stored domain: exactly the bricks with an observed voxel within ceil(M / 4) bricks (box) of a
+    # site's brick
     rb = integ.brick_radius
     offsets = np.indices((2 * rb + 1,) * 3).reshape(3, -1).T - rb
-    expected = np.unique((np.unique(site >> 2, axis=0)[:, None, :] + offsets[None]).reshape(-1, 3), axis=0)
+    near = np.unique((np.unique(site >> 2, axis=0)[:, None, :] + offsets[None]).reshape(-1, 3), axis=0)
+    seen = np.unique(src_ijk[~np.isnan(src["log_odds"])] >> 2, axis=0)
+    expected = seen[lookup(near, seen) >= 0]
     np.testing.assert_array_equal(np.unique(ijk >> 2, axis=0), expected)
 
 
@@ -215,12 +224,13 @@ def test_tsdf_sites_match_bruteforce(device, maxd):
     err = np.abs(np.abs(esdf) - expect) / VOX
     assert err.mean() <= 0.05
     assert err.max() < 1e-4  # exact up to float32 rounding
-    # every voxel within the max distance of a crossing is in the layer
-    band = block_bricks([-1.2, -1.4, -1.4], [1.9, 1.2, 1.2])
-    centres = brick_centres(band).reshape(-1, 3) / VOX
+    # every voxel within the max distance of a crossing whose brick holds an observed voxel is in the layer
+    seen = np.unique(t_ijk[t["weight"] > 0] >> 2, axis=0)
+    centres = brick_centres(seen).reshape(-1, 3) / VOX
     d_all, _ = cKDTree(pts).query(centres)
     inside = np.floor(centres[d_all * VOX < maxd]).astype(np.int64)
-    assert np.all(lookup(ijk, inside) >= 0)
+    assert len(inside) > 1000 and np.all(lookup(ijk, inside) >= 0)
+    assert np.all(lookup(seen, np.unique(ijk >> 2, axis=0)) >= 0)  # and nothing unobserved is stored
 
 
 @pytest.mark.parametrize(
@@ -299,10 +309,13 @@ def test_clamp_and_single_site(device):
     """One occupied voxel: every distance is the exact centre distance, capped at exactly max_distance."""
     maxd = 0.43
     occ = BrickLayer(occupancy_fields(), device)
-    lo = np.full((1, 64), np.nan)
-    lo[0, 21] = 1.0  # voxel (1, 1, 1) of brick (-3, 2, 0)
+    bricks = np.stack(np.meshgrid(*(np.arange(-2, 3),) * 3, indexing="ij"), -1).reshape(-1, 3) + [-3, 2, 0]
+    lo = np.full((len(bricks), 64), -1.0)  # known free around it (so the whole box is stored) ...
+    lo[np.all(bricks == [-3, 2, 0], axis=1).nonzero()[0][0], 21] = (
+        1.0  # ... voxel (1, 1, 1) of brick (-3, 2, 0)
+    )
     occ.pool.scatter(
-        "log_odds", occ.allocate(torch.tensor([[-3, 2, 0]], device=device)), torch.tensor(lo, device=device)
+        "log_odds", occ.allocate(torch.tensor(bricks, device=device)), torch.tensor(lo, device=device)
     )
     integ = EsdfIntegrator(VOX, maxd, device)
     integ.recompute(None, occ)
@@ -311,8 +324,8 @@ def test_clamp_and_single_site(device):
     d = np.linalg.norm(ijk - site, axis=1) * VOX
     np.testing.assert_allclose(np.abs(esdf), np.minimum(d, np.float32(maxd)), rtol=1e-6)
     assert np.all(esdf[d > maxd] == np.float32(maxd))
-    assert observed.sum() == 1 and esdf[observed][0] == 0 and np.signbit(esdf[observed][0])
-    assert len(ijk) == 64 * (2 * integ.brick_radius + 1) ** 3
+    assert observed.all() and np.signbit(esdf).sum() == 1 and esdf[np.signbit(esdf)][0] == 0
+    assert integ.brick_radius == 2 and len(ijk) == 64 * (2 * integ.brick_radius + 1) ** 3
 
 
 # ------------------------------------------------------------------------------ incremental == cold
@@ -445,7 +458,7 @@ def _pose(origin):
 
 
 def _map_equals_cold(m: mapper.Map):
-    cold = cold_of(m._esdf, m._tsdf, m._occ)
+    cold = cold_of(m._esdf, m._tsdf, m._occ, m._free)
     assert_same_layer(m._esdf, cold)
     g, d = m.layer("esdf")
     assert d["esdf"].dtype == torch.float32 and d["observed"].dtype == torch.bool

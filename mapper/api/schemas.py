@@ -62,6 +62,9 @@ class MapCreate(BaseModel):
     max_range_m: Annotated[float, Field(strict=True, gt=0, le=1000.0, allow_inf_nan=False)] | None = None
     tsdf_max_weight: Annotated[float, Field(strict=True, gt=0, le=1e4, allow_inf_nan=False)] | None = None
     tsdf_obs_weight: Annotated[float, Field(strict=True, gt=0, le=1e3, allow_inf_nan=False)] | None = None
+    esdf_voxel_size_m: Annotated[float, Field(strict=True, ge=0.005, le=10.0, allow_inf_nan=False)] | None = (
+        Field(None, description="the ESDF's own voxel (>= voxel_size_m); default max(voxel_size_m, 0.05)")
+    )
     occupancy: OccupancyParams | None = None
     registration: RegistrationParams | None = None
     keep_radius_m: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = Field(

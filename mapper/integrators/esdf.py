@@ -231,6 +231,310 @@ def sign_observed(tsdf: BrickLayer | None, occ: BrickLayer | None, bricks: torch
     return torch.where(obs_t, inside_t, occupied), obs_t | known
 
 
+def edge_sites(site_t: torch.Tensor) -> torch.Tensor:
+    """Per-edge crossings (float32 ``[S, 6]``: ``+a`` / ``-a`` offsets in ``[0, 1/2]`` per axis, NaN =
+    none, as :func:`tsdf_sites`) -> the transform's per-line form (float32 ``[S, 9]``: leftmost, rightmost,
+    nearest signed offset per line axis)."""
+    cols = []
+    for a in range(3):
+        dp, dm = site_t[:, 2 * a], site_t[:, 2 * a + 1]
+        lo = torch.where(torch.isnan(dm), dp, -dm)
+        hi = torch.where(torch.isnan(dp), -dm, dp)
+        near = torch.where(torch.isnan(dp) | (dm < dp), -dm, dp)
+        cols += [lo, hi, near]
+    return torch.stack(cols, dim=1)
+
+
+# ------------------------------------------------------------------- ESDF coarser than the source layers
+# The ESDF lattice has its own voxel ``S >= s`` (``s``: the TSDF / occupancy voxel); ``ratio = S / s``.
+# Coarse voxel ``I`` has its centre at fine coordinate ``x = (I + 1/2) * ratio - 1/2`` (fine coordinates:
+# fine voxel ``v``'s centre is at ``v``). The sites are the zero crossings of the fine TSDF's trilinear
+# interpolant along the coarse lattice lines: on such a line the interpolant is bilinear across it (fixed
+# weights) and piecewise linear along it between fine centres, so its crossings are exact linear
+# interpolations between consecutive breakpoints (all corners with a non-zero weight observed). With
+# ``ratio == 1`` these are the fine sites of :func:`tsdf_sites` (that path is kept, bit for bit).
+
+
+def _coarse_of_fine(v: torch.Tensor, ratio: float):
+    """For fine coordinates ``v`` (int64), the coarse lattice line ``I`` whose centre ``x`` has
+    ``floor(x) == v`` (at most one when ``ratio >= 1``): (I int64, x - v float64, exists bool)."""
+    i0 = torch.floor((v.to(torch.float64) + 0.5) / ratio - 0.5).to(torch.int64)
+    x0 = (i0.to(torch.float64) + 0.5) * ratio - 0.5
+    x1 = (i0.to(torch.float64) + 1.5) * ratio - 0.5
+    f0, f1 = torch.floor(x0).to(torch.int64), torch.floor(x1).to(torch.int64)
+    first = f0 == v
+    idx = torch.where(first, i0, i0 + 1)
+    frac = torch.where(first, x0, x1) - v.to(torch.float64)
+    return idx, frac, first | (f1 == v)
+
+
+def _gather_voxels(
+    layer: BrickLayer, ijk: torch.Tensor, names, fills
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(float32 values of the fields ``names`` at int64 ``[M, 3]`` voxels, ``fills`` where absent;
+    present)."""
+    m = ijk.shape[0]
+    if layer.grid.num_leaves == 0 or layer.pool.capacity == 0 or m == 0:
+        vals = [torch.full((m,), f, dtype=torch.float32, device=ijk.device) for f in fills]
+        return vals, torch.zeros(m, dtype=torch.bool, device=ijk.device)
+    slot, off = layer.voxel_slots(ijk)
+    present = slot >= 0
+    out = []
+    for name, fill in zip(names, fills, strict=True):
+        v = layer.pool.gather(name, slot.clamp(min=0), off).to(torch.float32)
+        out.append(torch.where(present, v, torch.full_like(v, fill)))
+    return out, present
+
+
+def fine_to_coarse_bricks(fine_bricks: torch.Tensor, ratio: float, pad: int) -> torch.Tensor:
+    """Unique coarse bricks whose voxels' samples (centre corners, line breakpoints) can read a fine voxel
+    within ``pad`` fine voxels of the given fine bricks (int64 ``[B, 3]``)."""
+    if fine_bricks.shape[0] == 0:
+        return fine_bricks.reshape(0, 3)
+    lo_v = (fine_bricks * 4 - pad).to(torch.float64)
+    hi_v = (fine_bricks * 4 + 3 + pad).to(torch.float64)
+    lo = torch.floor((lo_v - 1.5) / ratio - 0.5).to(torch.int64) >> 2
+    hi = torch.floor((hi_v + 1.5) / ratio - 0.5).to(torch.int64) >> 2
+    span = int((hi - lo).max()) + 1
+    rng = torch.arange(span, device=fine_bricks.device)
+    off = torch.stack(torch.meshgrid(rng, rng, rng, indexing="ij"), dim=-1).reshape(-1, 3)
+    cand = lo[:, None, :] + off[None]
+    ok = (cand <= hi[:, None, :]).all(dim=2)
+    return _unique_bricks(cand[ok])
+
+
+def _padded_bricks(layer: BrickLayer, bricks: torch.Tensor):
+    """tsdf (float64) and observed (bool) of whole bricks extended by one voxel on the + side of every axis
+    (from the 7 upper neighbour bricks; absent = unobserved): ``[M, 5, 5, 5]`` each."""
+    m = bricks.shape[0]
+    dev = bricks.device
+    corners = torch.tensor([[(c >> 2) & 1, (c >> 1) & 1, c & 1] for c in range(8)], device=dev)
+    ext = _existing_bricks(layer, _unique_bricks((bricks[:, None, :] + corners[None]).reshape(-1, 3)))
+    keys = voxel_keys(ext)
+    slot, _ = (
+        layer.voxel_slots(ext << 2) if ext.shape[0] else (torch.zeros(0, dtype=torch.int64, device=dev), None)
+    )
+    if ext.shape[0]:
+        t_all = layer.pool.gather("tsdf", slot).to(torch.float64)
+        o_all = layer.pool.gather("weight", slot) > 0
+    else:
+        t_all = torch.zeros((0, 64), dtype=torch.float64, device=dev)
+        o_all = torch.zeros((0, 64), dtype=torch.bool, device=dev)
+    t_all = torch.cat((t_all, t_all.new_zeros((1, 64)))).view(-1, 4, 4, 4)
+    o_all = torch.cat((o_all, o_all.new_zeros((1, 64)))).view(-1, 4, 4, 4)
+    t = torch.zeros((m, 5, 5, 5), dtype=torch.float64, device=dev)
+    o = torch.zeros((m, 5, 5, 5), dtype=torch.bool, device=dev)
+    for c in range(8):
+        d = corners[c].tolist()
+        k = voxel_keys(bricks + corners[c])
+        pos = torch.searchsorted(keys, k).clamp_(max=max(keys.numel() - 1, 0))
+        row = torch.where(keys[pos] == k, pos, torch.full_like(pos, keys.numel())) if keys.numel() else pos
+        src = tuple(slice(0, 4) if x == 0 else slice(0, 1) for x in d)
+        dst = tuple(slice(0, 4) if x == 0 else slice(4, 5) for x in d)
+        t[(slice(None), *dst)] = t_all[row][(slice(None), *src)]
+        o[(slice(None), *dst)] = o_all[row][(slice(None), *src)]
+    return t, o
+
+
+def coarse_tsdf_sites(
+    layer: BrickLayer, fine_bricks: torch.Tensor, ratio: float, rows: int = CPU_BRICKS // 4
+):
+    """Sites of a TSDF layer on a coarser ESDF lattice (``ratio = S / s > 1``), from the fine voxels of
+    ``fine_bricks`` as the lower corners of their cells.
+
+    Returns:
+        int64 ``[S, 3]`` coarse site voxels and float32 ``[S, 9]`` per line axis: leftmost, rightmost and
+        nearest crossing (signed offsets in coarse voxels, ``[-1/2, 1/2)``) on the coarse line through the
+        site voxel's centre (NaN: none on that line).
+    """
+    dev = fine_bricks.device
+    keys, axes, offs = [], [], []
+    ar4 = torch.arange(4, device=dev)
+    for sl in _chunks(fine_bricks.shape[0], dev, rows):
+        b = fine_bricks[sl]
+        t, o = _padded_bricks(layer, b)
+        # per axis and brick: the coarse line (index, fraction) through each of the 4 fine cells, if any
+        lines = [_coarse_of_fine(b[:, x, None] * 4 + ar4[None, :], ratio) for x in range(3)]  # [m, 4] each
+        for a in range(3):
+            u, v = (x for x in range(3) if x != a)
+            iu, fu, oku = lines[u]
+            iv, fv, okv = lines[v]
+            has = oku[:, :, None] & okv[:, None, :]  # [m, 4(u), 4(v)]
+            bi, cu, cv = has.nonzero(as_tuple=True)
+            if bi.numel() == 0:
+                continue
+            fu_, fv_ = fu[bi, cu][:, None], fv[bi, cv][:, None]  # [L, 1]
+            # values on the line at the 5 breakpoints k = 0..4 of the brick (bilinear across the line)
+            tp = t.permute(0, u + 1, v + 1, a + 1)  # [m, u, v, a]
+            op = o.permute(0, u + 1, v + 1, a + 1)
+            acc = torch.zeros((bi.numel(), 5), dtype=torch.float64, device=dev)
+            ok = torch.ones((bi.numel(), 5), dtype=torch.bool, device=dev)
+            for du in (0, 1):
+                for dv in (0, 1):
+                    wgt = (fu_ if du else 1.0 - fu_) * (fv_ if dv else 1.0 - fv_)
+                    tv = tp[bi, cu + du, cv + dv]  # [L, 5]
+                    ov = op[bi, cu + du, cv + dv]
+                    need = wgt > 0
+                    ok &= ~need | ov
+                    acc = acc + torch.where(need, wgt * tv, torch.zeros_like(acc))
+            va, vb = acc[:, :4], acc[:, 1:]
+            cross = ok[:, :4] & ok[:, 1:] & ((va > 0) != (vb > 0))
+            li, k = cross.nonzero(as_tuple=True)
+            if li.numel() == 0:
+                continue
+            va, vb = va[li, k], vb[li, k]
+            tt = va / (va - vb)
+            kk = (b[bi[li], a] * 4 + k).to(torch.float64)
+            q = (kk + tt + 0.5) / ratio  # coarse units: voxel c spans [c, c + 1)
+            c = torch.floor(q)
+            site = torch.empty((li.numel(), 3), dtype=torch.int64, device=dev)
+            site[:, a] = c.to(torch.int64)
+            site[:, u] = iu[bi[li], cu[li]]
+            site[:, v] = iv[bi[li], cv[li]]
+            keys.append(voxel_keys(site))
+            axes.append(torch.full((li.numel(),), a, dtype=torch.int64, device=dev))
+            offs.append((q - c - 0.5).to(torch.float32))
+    if not keys:
+        return torch.zeros((0, 3), dtype=torch.int64, device=dev), torch.zeros((0, 9), device=dev)
+    return _reduce_sites(torch.cat(keys), torch.cat(axes), torch.cat(offs))
+
+
+def _reduce_sites(keys: torch.Tensor, axes: torch.Tensor, offs: torch.Tensor):
+    """Per (site voxel, axis): leftmost, rightmost and nearest (by ``|offset|``; at a tie the positive one)
+    of the offsets -> (int64 ``[S, 3]`` sorted site voxels, float32 ``[S, 9]``)."""
+    uk, inv = torch.unique(keys, return_inverse=True)
+    col = inv * 9 + axes * 3
+    n = uk.numel() * 9
+    out = torch.full((n,), math.nan, dtype=torch.float32, device=keys.device)
+    out = out.scatter_reduce(0, col, offs, "amin", include_self=False)
+    out = out.scatter_reduce(0, col + 1, offs, "amax", include_self=False)
+    mag = torch.full((n,), math.inf, dtype=torch.float32, device=keys.device)
+    mag = mag.scatter_reduce(0, col + 2, offs.abs(), "amin", include_self=True)
+    best = offs.abs() == mag[col + 2]
+    out = out.scatter_reduce(0, (col + 2)[best], offs[best], "amax", include_self=False)
+    return keys_to_ijk(uk), out.view(-1, 9)
+
+
+def coarse_occupancy_sites(
+    layer: BrickLayer, fine_bricks: torch.Tensor, ratio: float, rows: int = CPU_BRICKS
+):
+    """Occupied fine voxels (``log_odds > 0``) on a coarser lattice: the coarse voxels holding an occupied
+    fine voxel's centre, each a site at its own centre (int64 ``[S, 3]``, float32 ``[S, 9]``: 0 on the
+    ``k`` line, NaN elsewhere)."""
+    dev = fine_bricks.device
+    local = brick_local_coords(dev)
+    out = []
+    for sl in _chunks(fine_bricks.shape[0], dev, rows):
+        b = fine_bricks[sl]
+        lo = _gather_bricks(layer, b, "log_odds", math.nan)
+        bi, oi = (lo > 0).nonzero(as_tuple=True)
+        v = b[bi] * 4 + local[oi]
+        out.append(torch.floor((v.to(torch.float64) + 0.5) / ratio).to(torch.int64))
+    v = _unique_bricks(torch.cat(out)) if out else torch.zeros((0, 3), dtype=torch.int64, device=dev)
+    t = torch.full((v.shape[0], 9), math.nan, device=dev)
+    t[:, 6:9] = 0.0
+    return v, t
+
+
+class _FineBlock:
+    """Whole-brick values of a source layer around a set of ESDF bricks, with a dense brick table over
+    their bounding box, for many voxel lookups at once (a gather per lookup instead of a grid search)."""
+
+    def __init__(self, layer: BrickLayer, coarse_bricks: torch.Tensor, ratio: float, names, fills):
+        dev = coarse_bricks.device
+        lo = torch.floor((coarse_bricks.to(torch.float64) * 4 + 0.5) * ratio - 0.5).to(torch.int64) - 1
+        hi = torch.floor((coarse_bricks.to(torch.float64) * 4 + 4.0) * ratio).to(torch.int64) + 1
+        lo, hi = lo >> 2, hi >> 2
+        span = int((hi - lo).max()) + 1 if coarse_bricks.shape[0] else 1
+        rng = torch.arange(span, device=dev)
+        off = torch.stack(torch.meshgrid(rng, rng, rng, indexing="ij"), dim=-1).reshape(-1, 3)
+        cand = lo[:, None, :] + off[None]
+        fine = _existing_bricks(layer, _unique_bricks(cand[(cand <= hi[:, None, :]).all(dim=2)]))
+        self.names, self.fills = list(names), list(fills)
+        self.vals = []
+        for n, f in zip(self.names, self.fills, strict=True):
+            v = _gather_bricks(layer, fine, n, f).to(torch.float32)
+            self.vals.append(torch.cat((v, torch.full((1, 64), f, dtype=torch.float32, device=dev))))
+        self.absent = fine.shape[0]
+        if fine.shape[0]:
+            self.lo = fine.min(dim=0).values
+            self.ext = fine.max(dim=0).values - self.lo + 1
+        else:
+            self.lo = torch.zeros(3, dtype=torch.int64, device=dev)
+            self.ext = torch.ones(3, dtype=torch.int64, device=dev)
+        cells = int(self.ext.prod())
+        self.table = torch.full((cells,), self.absent, dtype=torch.int64, device=dev)
+        if fine.shape[0]:
+            self.table[self._flat(fine - self.lo)] = torch.arange(fine.shape[0], device=dev)
+
+    def _flat(self, b: torch.Tensor) -> torch.Tensor:
+        return (b[:, 0] * self.ext[1] + b[:, 1]) * self.ext[2] + b[:, 2]
+
+    def lookup(self, ijk: torch.Tensor):
+        """(float32 values per name at int64 ``[M, 3]`` fine voxels, present bool ``[M]``)."""
+        b = (ijk >> 2) - self.lo
+        inside = ((b >= 0) & (b < self.ext)).all(dim=1)
+        row = torch.where(inside, self.table[self._flat(torch.where(inside[:, None], b, 0))], self.absent)
+        off = brick_offsets(ijk)
+        return [v[row, off] for v in self.vals], row < self.absent
+
+
+def coarse_sign_observed(tsdf, occ, free, bricks: torch.Tensor, ratio: float, rows: int = CPU_BRICKS):
+    """(bool inside ``[M, 64]``, bool observed ``[M, 64]``) of whole coarse bricks.
+
+    TSDF: trilinear at the coarse centre over its 8 fine corners with a non-zero weight that are observed
+    (observed: any such corner; inside: the weighted mean ``<= 0``); occupancy: the fine voxel holding the
+    centre (known / occupied); free record: the coarse voxel itself (known = crossed by a ray before its
+    return). Sign: positive where the free record knows the voxel, else the TSDF where it observed, else the
+    occupancy, else positive. With ``ratio == 1`` the corners reduce to
+    the voxel itself (:func:`sign_observed`)."""
+    dev = bricks.device
+    local = brick_local_coords(dev)
+    ins_out, obs_out = [], []
+    for sl in _chunks(bricks.shape[0], dev, rows):
+        b = bricks[sl]
+        m = b.shape[0]
+        vox = (b[:, None, :] * 4 + local[None]).reshape(-1, 3)
+        obs = torch.zeros(vox.shape[0], dtype=torch.bool, device=dev)
+        inside = torch.zeros_like(obs)
+        if tsdf is not None:
+            block = _FineBlock(tsdf, b, ratio, ("tsdf", "weight"), (0.0, 0.0))
+            x = (vox.to(torch.float64) + 0.5) * ratio - 0.5
+            base = torch.floor(x)
+            f = x - base
+            base = base.to(torch.int64)
+            num = torch.zeros(vox.shape[0], dtype=torch.float64, device=dev)
+            den = torch.zeros_like(num)
+            for c in range(8):
+                d = torch.tensor([(c >> 2) & 1, (c >> 1) & 1, c & 1], device=dev)
+                wgt = torch.where(d == 1, f, 1.0 - f).prod(dim=1)
+                (t, w), present = block.lookup(base + d)
+                use = (wgt > 0) & present & (w > 0)
+                num = num + torch.where(use, wgt * t.to(torch.float64), torch.zeros_like(num))
+                den = den + torch.where(use, wgt, torch.zeros_like(den))
+            obs = den > 0
+            inside = obs & (num <= 0)
+        if occ is not None:
+            block = _FineBlock(occ, b, ratio, ("log_odds",), (math.nan,))
+            fine = torch.floor((vox.to(torch.float64) + 0.5) * ratio).to(torch.int64)
+            (lo,), _ = block.lookup(fine)
+            known = ~torch.isnan(lo)
+            inside = torch.where(obs, inside, lo > 0)
+            obs = obs | known
+        if (
+            free is not None
+        ):  # crossed by a ray before its return: free, whatever the TSDF's occluded band says
+            known = ~torch.isnan(_gather_bricks(free, b, "log_odds", math.nan).to(torch.float32).reshape(-1))
+            obs = obs | known
+            inside = inside & ~known
+        ins_out.append(inside.view(m, 64))
+        obs_out.append(obs.view(m, 64))
+    if not ins_out:
+        z = torch.zeros((0, 64), dtype=torch.bool, device=dev)
+        return z, z
+    return torch.cat(ins_out), torch.cat(obs_out)
+
+
 # ----------------------------------------------------------------------------------------- transform
 def _line_layout(bricks: torch.Tensor, axis: int, pad: int, rows: int):
     """Slot layout of the voxels of the sorted unique ``bricks`` (``[B, 3]``) as lines along ``axis``.
@@ -327,27 +631,25 @@ def _nearest_marked(
     return left, right
 
 
-def _line_min(dp: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
+def _line_min(lo: torch.Tensor, hi: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
     """Squared 1-D distance from every slot to the nearest crossing on its line, float32.
 
-    ``dp``/``dm`` (float32, NaN = none): the slot's crossing at ``+dp`` / ``-dm`` voxels along the line
-    (both in ``[0, 0.5]``). A voxel's crossings lie within half a voxel of it, so the nearest crossing
-    left of a slot belongs to the slot itself or to the nearest voxel on the left that has one (its
-    rightmost crossing), and symmetrically on the right. Distances are formed from the integer slot
-    difference and the offsets only, so equal lines give equal bits wherever they sit in the layout.
-    Lines are separated by empty slots; a value that reaches across them is larger than the margin.
+    ``lo`` / ``hi`` / ``near`` (float32, NaN = none): the slot's leftmost, rightmost and nearest crossing
+    as signed offsets (voxels, in ``[-1/2, 1/2]``) along the line. A voxel's crossings lie within half a
+    voxel of it, so the nearest crossing left of a slot belongs to the slot itself or to the nearest voxel
+    on the left that has one (its rightmost crossing), and symmetrically on the right. Distances are formed
+    from the integer slot difference and the offsets only, so equal lines give equal bits wherever they
+    sit in the layout. Lines are separated by empty slots; a value that reaches across them is larger than
+    the margin.
     """
-    n = dp.numel()
+    n = lo.numel()
     far = 1 << 30  # "no voxel": its distances are huge (or NaN, which fmin ignores)
-    ar = torch.arange(n, dtype=torch.int32, device=dp.device)
-    no_p, no_m = torch.isnan(dp), torch.isnan(dm)
-    has = ~(no_p & no_m)
-    hi = torch.where(no_p, -dm, dp)  # each slot's rightmost crossing (NaN: none)
-    lo = torch.where(no_m, dp, -dm)  # and leftmost
+    ar = torch.arange(n, dtype=torch.int32, device=lo.device)
+    has = ~torch.isnan(lo)
     left, right = _nearest_marked(has, ar, far)
     dl = (ar - left).to(torch.float32) - hi[left.clamp(min=0)]
     dr = (right - ar).to(torch.float32) + lo[right.clamp(max=n - 1)]
-    best = torch.fmin(torch.fmin(dl * dl, dr * dr), torch.fmin(dp * dp, dm * dm))
+    best = torch.fmin(torch.fmin(dl * dl, dr * dr), near * near)
     return torch.nan_to_num_(best, nan=math.inf)
 
 
@@ -364,8 +666,10 @@ def squared_distances(
 
     Args:
         bricks: int64 ``[B, 3]`` sorted (by key) unique bricks; must contain every site voxel's brick.
-        site_vox: int64 ``[S, 3]`` site voxels; ``site_t``: float32 ``[S, 6]`` their crossings,
-            ``(+i, -i, +j, -j, +k, -k)`` offsets in ``[0, 0.5]`` voxels from the centre, NaN = none.
+        site_vox: int64 ``[S, 3]`` site voxels; ``site_t``: float32 ``[S, 9]`` their crossings per line
+            axis ``a``: columns ``3a, 3a + 1, 3a + 2`` = leftmost, rightmost and nearest crossing on the
+            line through the centre along ``a``, as signed offsets in ``[-1/2, 1/2]`` voxels (NaN = none;
+            see :func:`edge_sites`).
         margin: ``M``: the window of the integer passes (offsets ``|d| <= M`` per axis).
         axes: the crossing orientations present (an occupancy map's centres are ``+k`` slots only).
     Returns:
@@ -391,7 +695,7 @@ def squared_distances(
 
     def crossings(axis):
         out = []
-        for col in (2 * axis, 2 * axis + 1):
+        for col in (3 * axis, 3 * axis + 1, 3 * axis + 2):
             d = torch.full((n + 1,), math.nan, dtype=torch.float32, device=dev)
             d[at] = site_t[:, col]
             out.append(d)
@@ -406,10 +710,10 @@ def squared_distances(
                 job(perm[s:e], where)
 
     def line_job(out, axis):
-        dp, dm = crossings(axis)
+        lo, hi, near = crossings(axis)
 
         def job(idx, where):
-            out[where[0]] = _line_min(dp[idx], dm[idx])[where[1]]
+            out[where[0]] = _line_min(lo[idx], hi[idx], near[idx])[where[1]]
 
         return job
 
@@ -460,25 +764,43 @@ def squared_distances(
 
 # ---------------------------------------------------------------------------------------- integrator
 class EsdfIntegrator:
-    """Maintains the ESDF layer of a map from its TSDF (or occupancy) layer.
+    """Maintains the ESDF layer of a map from its TSDF (or occupancy) layer and its free record.
 
     Args:
-        voxel_size_m: voxel edge (metres), the same as the source layers'.
+        voxel_size_m: the ESDF's voxel edge (metres), ``>=`` the source layers' voxel.
         max_distance_m: distances beyond this are stored as this value (with their sign).
         device: where the layer lives.
         cpu_rows: slots per chunk of a transform pass on the CPU (bounds the temporaries; results do not
             depend on it).
+        source_voxel_size_m: the TSDF / occupancy voxel edge (default: ``voxel_size_m``).
     """
 
     def __init__(
-        self, voxel_size_m: float, max_distance_m: float, device: torch.device, cpu_rows: int = CPU_ROWS
+        self,
+        voxel_size_m: float,
+        max_distance_m: float,
+        device: torch.device,
+        cpu_rows: int = CPU_ROWS,
+        source_voxel_size_m: float | None = None,
     ):
-        for name, x in (("voxel_size_m", voxel_size_m), ("max_distance_m", max_distance_m)):
+        if source_voxel_size_m is None:
+            source_voxel_size_m = voxel_size_m
+        for name, x in (
+            ("voxel_size_m", voxel_size_m),
+            ("max_distance_m", max_distance_m),
+            ("source_voxel_size_m", source_voxel_size_m),
+        ):
             if isinstance(x, bool) or not isinstance(x, (int, float)):
                 raise InvalidArgumentType(f"{name}: expected a number, got {type(x).__name__}")
             if not math.isfinite(x) or x <= 0:
                 raise InvalidArgument(f"{name}: expected a finite value > 0, got {x}")
+        if voxel_size_m < source_voxel_size_m:
+            raise InvalidArgument(
+                f"esdf_voxel_size_m: {voxel_size_m} m is finer than the map's voxel ({source_voxel_size_m} m)"
+            )
         self.voxel_size_m = float(voxel_size_m)
+        self.source_voxel_size_m = float(source_voxel_size_m)
+        self.ratio = self.voxel_size_m / self.source_voxel_size_m
         self.max_distance_m = float(max_distance_m)
         reach = self.max_distance_m / self.voxel_size_m
         if reach > 4096:
@@ -494,46 +816,86 @@ class EsdfIntegrator:
         self.layer = BrickLayer(esdf_fields(self.max_distance_m), self.device)
         self.last: dict = {}
 
+    @property
+    def same_lattice(self) -> bool:
+        """True when the ESDF voxel is the source layers' voxel (the sites are the fine crossings)."""
+        return self.ratio == 1.0
+
     # ------------------------------------------------------------------------------------------ API
-    def update(self, tsdf: BrickLayer | None, occupancy: BrickLayer | None, dirty, tsdf_config=None) -> dict:
+    def update(
+        self,
+        tsdf: BrickLayer | None,
+        occupancy: BrickLayer | None,
+        dirty,
+        tsdf_config=None,
+        free: BrickLayer | None = None,
+        dirty_free=(),
+    ) -> dict:
         """Bring the ESDF up to date after the source voxels in the ``dirty`` bricks changed.
 
         Args:
             tsdf, occupancy: the map's source layers (None when absent); the TSDF gives the surface
                 when present, else the occupancy layer.
-            dirty: list of int64 ``[B, 3]`` brick coordinates (``voxel >> 2``) whose source data changed
-                since the previous call (duplicates allowed).
+            dirty: list of int64 ``[B, 3]`` brick coordinates (``voxel >> 2``, source voxels) whose source
+                data changed since the previous call (duplicates allowed).
             tsdf_config: unused (the surface comes from the stored values); accepted for the Map's call.
+            free: the free record (ESDF voxels, see :mod:`mapper.integrators.free`) or None.
+            dirty_free: list of int64 ``[B, 3]`` ESDF bricks whose free-record state (known or not) changed.
         Returns:
             ``{"skipped", "recomputed_voxels", "computed_voxels", "sites", "bricks_freed", "ms"}``;
             ``skipped`` (nothing dirty: returns at once, no tensor touched).
         """
-        if not dirty or all(isinstance(t, torch.Tensor) and t.shape[0] == 0 for t in dirty):
+        dirty = [self._check_dirty(t) for t in dirty]
+        dirty_free = [self._check_dirty(t) for t in dirty_free]
+        if not any(t.shape[0] for t in dirty) and not any(t.shape[0] for t in dirty_free):
             return {"skipped": True, "recomputed_voxels": 0, "computed_voxels": 0, "sites": 0, "ms": 0.0}
         t0 = time.perf_counter()
-        delta = _unique_bricks(torch.cat([self._check_dirty(t) for t in dirty]))
-        # Margins (M voxels, Rb = ceil(M / 4) bricks). Source values changed only in the delta bricks. The
-        # crossings filed under a voxel depend on it and its 6 neighbours, so site voxels change only
-        # within 1 brick of delta: S = delta + 1. A stored value depends on the site voxels within M (box)
-        # of the voxel, domain membership on those within Rb bricks: both change only in O = S + Rb
-        # (sign/observed change in delta, inside O). Recomputing O exactly needs every site voxel within M
-        # of O and the intermediate values on the lines between a voxel and such a site voxel, all inside
-        # the box of half-width M around the voxel: R = O + Rb. The domain computed is (site bricks in
-        # R) + Rb, restricted to R, which holds every domain voxel of those boxes.
+        parts = [t for t in dirty if t.shape[0]]
+        if parts and not self.same_lattice:
+            parts = [fine_to_coarse_bricks(_unique_bricks(torch.cat(parts)), self.ratio, 2)]
+        delta = _unique_bricks(torch.cat(parts + [t for t in dirty_free if t.shape[0]]))
+        # Margins (ESDF voxels: M voxels, Rb = ceil(M / 4) bricks). Source values changed only in the delta
+        # bricks (fine changes mapped to every ESDF brick whose samples can read them). The sites filed
+        # under a voxel depend on it and its neighbours, so site voxels change only within 1 brick of delta:
+        # S = delta + 1. A stored value depends on the site voxels within M (box) of the voxel, the computed
+        # domain and the stored set on those within Rb bricks and on the observed flags there: all change
+        # only in O = S + Rb (sign/observed change in delta, inside O). Recomputing O exactly needs every
+        # site voxel within M of O and the intermediate values on the lines between a voxel and such a site
+        # voxel, all inside the box of half-width M around the voxel: R = O + Rb. The domain computed is
+        # (site bricks in R) + Rb and (observed bricks in R) + Rb, restricted to R, which holds every
+        # intermediate of those boxes.
         out_region = _dilate_bricks(delta, 1 + self.brick_radius)
         region = _dilate_bricks(delta, 1 + 2 * self.brick_radius)
-        res = self._recompute(tsdf, occupancy, region, out_region)
+        res = self._recompute(tsdf, occupancy, free, region, out_region)
         res["ms"] = (time.perf_counter() - t0) * 1e3
         self.last = res
         return dict(res)
 
-    def recompute(self, tsdf: BrickLayer | None, occupancy: BrickLayer | None) -> dict:
+    def recompute(
+        self, tsdf: BrickLayer | None, occupancy: BrickLayer | None, free: BrickLayer | None = None
+    ):
         """Rebuild the whole ESDF from the source layers (cold); same result as the incremental path."""
         t0 = time.perf_counter()
-        res = self._recompute(tsdf, occupancy, None, None)
+        res = self._recompute(tsdf, occupancy, free, None, None)
         res["ms"] = (time.perf_counter() - t0) * 1e3
         self.last = res
         return dict(res)
+
+    def sites(
+        self, tsdf: BrickLayer | None, occupancy: BrickLayer | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """All site points (float64 ``[P, 3]``, ESDF voxel units: voxel ``v``'s centre is ``v + 1/2``):
+        the point set whose exact distance the ESDF stores (for tests and inspection)."""
+        vox, t = self._sites(tsdf, occupancy, None)
+        pts = []
+        for a in range(3):
+            for c in range(3):
+                off = t[:, 3 * a + c]
+                ok = ~torch.isnan(off)
+                p = vox[ok].to(torch.float64) + 0.5
+                p[:, a] += off[ok].to(torch.float64)
+                pts.append(p)
+        return torch.unique(torch.cat(pts), dim=0), vox
 
     def view(self) -> tuple[IndexGrid, dict[str, torch.Tensor]]:
         """(grid of the ESDF voxels, {"esdf": float32 [N] metres, "observed": bool [N]}) in voxel order."""
@@ -546,6 +908,7 @@ class EsdfIntegrator:
             "bricks": la.num_bricks,
             "bytes": la.nbytes,
             "topology_bytes": la.grid.nbytes + la.slots.numel() * la.slots.element_size(),
+            "voxel_size_m": self.voxel_size_m,
             "max_distance_m": self.max_distance_m,
             "margin_vox": self.margin,
             "last_update": dict(self.last),
@@ -561,38 +924,111 @@ class EsdfIntegrator:
             raise InvalidArgumentType(f"dirty: expected integer brick coordinates, got {t.dtype}")
         return t.to(device=self.device, dtype=torch.int64)
 
-    def _recompute(self, tsdf, occ, region, out_region) -> dict:
-        """Recompute the bricks of ``out_region`` (None: all) from the sites in ``region`` (None: all)."""
-        dev = self.device
+    def _sites(self, tsdf, occ, region):
+        """Site voxels (ESDF lattice) and their crossings ``[S, 9]`` in ``region`` (None: all)."""
         src = tsdf if tsdf is not None else occ
         if src is None:
             raise InvalidArgument("esdf: needs a tsdf or occupancy layer for its surface sites")
-        if region is None:
-            src_bricks = _unique_bricks(src.brick_table()[0])
-        else:
-            src_bricks = _existing_bricks(src, region)
+        if self.same_lattice:
+            src_bricks = (
+                _unique_bricks(src.brick_table()[0]) if region is None else _existing_bricks(src, region)
+            )
+            if tsdf is not None:
+                vox, t = tsdf_sites(tsdf, src_bricks)
+            else:
+                vox, t = occupancy_sites(occ, src_bricks)
+            return vox, edge_sites(t)
+        fine = _unique_bricks(src.brick_table()[0])
+        if region is not None:  # fine bricks within 2 ESDF bricks of the region: every source of its sites
+            near = _dilate_bricks(region, 2)
+            at = torch.floor((fine.to(torch.float64) * 4 + 0.5) / self.ratio).to(torch.int64) >> 2
+            fine = fine[_member(voxel_keys(at), voxel_keys(near))]
         if tsdf is not None:
-            site_vox, site_t = tsdf_sites(tsdf, src_bricks)
+            vox, t = coarse_tsdf_sites(tsdf, fine, self.ratio)
         else:
-            site_vox, site_t = occupancy_sites(occ, src_bricks)
-        domain = _dilate_bricks(_unique_bricks(site_vox >> 2), self.brick_radius)
+            vox, t = coarse_occupancy_sites(occ, fine, self.ratio)
+        if region is not None:
+            keep = _member(voxel_keys(vox >> 2), voxel_keys(region))
+            vox, t = vox[keep], t[keep]
+        return vox, t
+
+    def _observed_candidates(self, tsdf, occ, free, region) -> tuple[torch.Tensor, torch.Tensor]:
+        """ESDF bricks that may hold an observed voxel (sorted unique), in ``region`` (None: all), and
+        which of them the source layers can reach (the others are known through the free record only)."""
+        parts = []
+        for la in (tsdf, occ):
+            if la is None or la.grid.num_leaves == 0:
+                continue
+            b = la.brick_table()[0]
+            parts.append(b if self.same_lattice else fine_to_coarse_bricks(_unique_bricks(b), self.ratio, 1))
+        src = (
+            _unique_bricks(torch.cat(parts))
+            if parts
+            else torch.zeros((0, 3), dtype=torch.int64, device=self.device)
+        )
+        if free is not None and free.grid.num_leaves:
+            cand = _unique_bricks(torch.cat((src, free.brick_table()[0])))
+        else:
+            cand = src
+        if region is not None:
+            cand = cand[_member(voxel_keys(cand), voxel_keys(region))]
+        return cand, _member(voxel_keys(cand), voxel_keys(src))
+
+    def _sign_observed(self, tsdf, occ, free, bricks, near_src):
+        """(inside, observed) ``[M, 64]`` of ESDF bricks; the source layers are read only where
+        ``near_src`` (bool ``[M]``)."""
+        if self.same_lattice:
+            inside, observed = sign_observed(tsdf, occ, bricks)
+            if free is not None:
+                known = ~torch.isnan(_gather_bricks(free, bricks, "log_odds", math.nan).float())
+                return inside & ~known, observed | known
+            return inside, observed
+        inside = torch.zeros((bricks.shape[0], 64), dtype=torch.bool, device=self.device)
+        observed = torch.zeros_like(inside)
+        idx = near_src.nonzero().squeeze(1)
+        if idx.numel():
+            inside[idx], observed[idx] = coarse_sign_observed(tsdf, occ, free, bricks[idx], self.ratio)
+        idx = (~near_src).nonzero().squeeze(1)
+        if idx.numel() and free is not None:
+            observed[idx] = ~torch.isnan(_gather_bricks(free, bricks[idx], "log_odds", math.nan).float())
+        return inside, observed
+
+    def _recompute(self, tsdf, occ, free, region, out_region) -> dict:
+        """Recompute the bricks of ``out_region`` (None: all) from the sources in ``region`` (None: all).
+
+        Stored: the bricks with an observed voxel that lie within ``Rb`` bricks of a site brick; computed:
+        (site bricks + Rb) and (observed bricks + Rb), which holds every intermediate value of the
+        separable transform for a stored voxel and every site within ``M`` of it (exact values)."""
+        site_vox, site_t = self._sites(tsdf, occ, region)
+        site_bricks = _unique_bricks(site_vox >> 2)
+        cand, near_src = self._observed_candidates(tsdf, occ, free, region)
+        inside, observed = self._sign_observed(tsdf, occ, free, cand, near_src)
+        seen = observed.any(dim=1)
+        obs_bricks = cand[seen]
+        inside, observed = inside[seen], observed[seen]
+        domain = _dilate_bricks(site_bricks, self.brick_radius)
+        domain = domain[
+            _member(voxel_keys(domain), voxel_keys(_dilate_bricks(obs_bricks, self.brick_radius)))
+        ]
         if region is not None:
             domain = domain[_member(voxel_keys(domain), voxel_keys(region))]
-        write = domain if out_region is None else domain[_member(voxel_keys(domain), voxel_keys(out_region))]
+        keep = _member(voxel_keys(obs_bricks), voxel_keys(domain))
+        if out_region is not None:
+            keep &= _member(voxel_keys(obs_bricks), voxel_keys(out_region))
+        write, inside, observed = obs_bricks[keep], inside[keep], observed[keep]
         freed = self._free_outside(write, out_region)
         n_write = write.shape[0]
         if n_write:
+            in_dom = _member(voxel_keys(site_vox >> 2), voxel_keys(domain))
             axes = (2, 1, 0) if tsdf is not None else (2,)
-            d2 = squared_distances(domain, site_vox, site_t, self.margin, axes, self.cpu_rows)
-            if out_region is not None:
-                d2 = d2[_member(voxel_keys(domain), voxel_keys(write))]
+            d2 = squared_distances(domain, site_vox[in_dom], site_t[in_dom], self.margin, axes, self.cpu_rows)
+            d2 = d2[_member(voxel_keys(domain), voxel_keys(write))]
             dist = torch.clamp(torch.sqrt(d2) * self.voxel_size_m, max=self.max_distance_m)
-            inside, observed = sign_observed(tsdf, occ, write)
             slots = self.layer.allocate(write)
             self.layer.pool.scatter("esdf", slots, torch.where(inside, -dist, dist))
             self.layer.pool.scatter("observed", slots, observed)
         if self.layer.num_bricks == 0 and self.layer.pool.capacity:
-            self.layer = BrickLayer(esdf_fields(self.max_distance_m), dev)  # give the pages back
+            self.layer = BrickLayer(esdf_fields(self.max_distance_m), self.device)  # give the pages back
         return {
             "skipped": False,
             "recomputed_voxels": 64 * n_write,

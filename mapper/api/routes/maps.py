@@ -34,7 +34,14 @@ def _config(body: MapCreate, settings) -> dict:
         "layers": list(body.layers or settings.default_layers),
         "max_range_m": body.max_range_m or settings.default_max_range_m,
     }
-    for k in ("truncation_vox", "esdf_max_distance_m", "tsdf_max_weight", "tsdf_obs_weight", "keep_radius_m"):
+    for k in (
+        "truncation_vox",
+        "esdf_max_distance_m",
+        "esdf_voxel_size_m",
+        "tsdf_max_weight",
+        "tsdf_obs_weight",
+        "keep_radius_m",
+    ):
         if getattr(body, k) is not None:
             cfg[k] = getattr(body, k)
     if body.occupancy is not None:

@@ -1,0 +1,153 @@
+"""Planner-grade ESDF (issue 11): per-frame TSDF integration + ESDF update, ESDF size and memory.
+
+Cases (``--parts``):
+* ``depth``: 640x480 depth frames (``PinholeCamera.kinect``) orbiting ``mapper.sim.indoor_scene`` at TSDF
+  ``--depth-voxels`` with the ESDF at ``--esdf-voxel`` (default 5 cm), ``("tsdf", "esdf")`` layers (free
+  space from the rays' free record), ESDF updated after every frame;
+* ``lidar``: 120 k-point scans (64 x 1875 beams, 60 m) of ``mapper.sim.outdoor_scene`` at TSDF
+  ``--lidar-voxels`` with the ESDF at 10 cm;
+* ``maxd``: the depth case at TSDF 2 cm / ESDF 5 cm for ``esdf_max_distance_m`` in ``--max-distances``.
+
+Frames are generated on the device. Per frame: ``integrate_*`` + ``update_esdf`` timed together (CUDA
+events or perf_counter, host syncs included), after ``--warmup`` frames; ``esdf`` = the update alone
+(host wall time of ``update_esdf``, which synchronises where it needs sizes). Reported: median / p99 /
+max ms per frame, ESDF voxels and free-record voxels at the end, peak GPU memory of the whole run.
+
+Usage: python benchmarks/bench_esdf.py --device cuda --out benchmarks/results/esdf_h200.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import platform
+import sys
+import time
+
+import numpy as np
+import torch
+
+from mapper import Map, sim
+
+
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run(m: Map, frames, kind: str, dev, warmup: int) -> dict:
+    tot, esdf = [], []
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for i, f in enumerate(frames):
+        _sync(dev)
+        t0 = time.perf_counter()
+        if kind == "lidar":
+            m.integrate_lidar(f[0], f[1])
+        else:
+            m.integrate_depth(f[0], f[1], f[2])
+        t1 = time.perf_counter()
+        m.update_esdf()
+        _sync(dev)
+        t2 = time.perf_counter()
+        if i >= warmup:
+            tot.append((t2 - t0) * 1e3)
+            esdf.append((t2 - t1) * 1e3)
+    st = m.stats()["layers"]
+    peak = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else float("nan")
+    t = np.asarray(tot)
+    return {
+        "frames": len(tot),
+        "median": float(np.median(t)),
+        "p99": float(np.percentile(t, 99)),
+        "max": float(t.max()),
+        "esdf_median": float(np.median(esdf)),
+        "esdf_voxels": st["esdf"]["voxels"],
+        "free_voxels": st.get("free", {}).get("voxels", 0),
+        "tsdf_voxels": st["tsdf"]["voxels"],
+        "peak_gib": peak,
+    }
+
+
+def depth_frames(n, dev, seed=0):
+    cam = sim.PinholeCamera.kinect()
+    return list(sim.depth_sequence(n, cam, dev, seed, max_range_m=8.0))
+
+
+def lidar_frames(n, dev, seed=0):
+    return list(sim.lidar_sequence(n, dev, seed))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--parts", nargs="+", default=["depth", "lidar", "maxd"])
+    ap.add_argument("--depth-frames", type=int, default=60)
+    ap.add_argument("--lidar-frames", type=int, default=30)
+    ap.add_argument("--maxd-frames", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--depth-voxels", type=float, nargs="+", default=[0.02, 0.01, 0.005])
+    ap.add_argument("--lidar-voxels", type=float, nargs="+", default=[0.1, 0.05])
+    ap.add_argument("--esdf-voxel", type=float, default=0.05)
+    ap.add_argument("--lidar-esdf-voxel", type=float, default=0.1)
+    ap.add_argument("--max-distances", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0])
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dev = torch.device(args.device)
+    hw = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"{platform.processor() or 'cpu'}"
+    lines = [
+        "# ESDF benchmark (issue 11)",
+        "",
+        f"- date: {_dt.datetime.now(_dt.UTC).isoformat(timespec='seconds')}",
+        f"- hardware: {hw}; torch {torch.__version__}; threads {torch.get_num_threads()}",
+        f"- command: `python {' '.join(sys.argv)}`",
+        "",
+        "| case | frames | ms/frame median | p99 | max | ESDF update median | ESDF voxels | free voxels |"
+        " TSDF voxels | peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def row(label, r):
+        line = (
+            f"| {label} | {r['frames']} | {r['median']:.2f} | {r['p99']:.2f} | {r['max']:.2f} | "
+            f"{r['esdf_median']:.2f} | {r['esdf_voxels']:,} | {r['free_voxels']:,} | {r['tsdf_voxels']:,} | "
+            f"{r['peak_gib']:.2f} |"
+        )
+        lines.append(line)
+        print(line, flush=True)
+
+    if "depth" in args.parts or "maxd" in args.parts:
+        dframes = depth_frames(max(args.depth_frames, args.maxd_frames) + args.warmup, dev)
+    if "depth" in args.parts:
+        for v in args.depth_voxels:
+            m = Map(v, ("tsdf", "esdf"), dev, esdf_voxel_size_m=args.esdf_voxel, max_range_m=8.0)
+            r = run(m, dframes[: args.depth_frames + args.warmup], "depth", dev, args.warmup)
+            row(f"depth 640x480, TSDF {v * 100:g} cm, ESDF {args.esdf_voxel * 100:g} cm, max 2 m", r)
+            del m
+    if "lidar" in args.parts:
+        lframes = lidar_frames(args.lidar_frames + args.warmup, dev)
+        for v in args.lidar_voxels:
+            m = Map(v, ("tsdf", "esdf"), dev, esdf_voxel_size_m=args.lidar_esdf_voxel, max_range_m=60.0)
+            r = run(m, lframes, "lidar", dev, args.warmup)
+            row(f"LiDAR 120k, TSDF {v * 100:g} cm, ESDF {args.lidar_esdf_voxel * 100:g} cm, max 2 m", r)
+            del m
+    if "maxd" in args.parts:
+        for md in args.max_distances:
+            m = Map(
+                0.02, ("tsdf", "esdf"), dev, esdf_voxel_size_m=0.05, esdf_max_distance_m=md, max_range_m=8.0
+            )
+            r = run(m, dframes[: args.maxd_frames + args.warmup], "depth", dev, args.warmup)
+            row(f"depth, TSDF 2 cm, ESDF 5 cm, max distance {md:g} m", r)
+            del m
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
