@@ -163,7 +163,7 @@ def test_esdf_slice_png_pixel_classes(device):
     sl = m.esdf_slice(0.0, aabb_min_xy=[-1.0, -1.0], aabb_max_xy=[1.0, 1.0])
     assert sl.distance.shape == (40, 40) and sl.resolution_m == S
     d = sl.distance.cpu().numpy()
-    png = slice_to_png(sl, max_distance_m=0.4)
+    png = slice_to_png(sl, max_distance_m=0.4, min_size_px=1, legend=False)  # one pixel per cell
     rgb = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))[::-1]  # back to row 0 = lowest y
     unknown = np.isnan(d)
     inside = ~unknown & (d < 0)
