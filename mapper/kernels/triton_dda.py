@@ -22,7 +22,7 @@ def _axis_setup(o, d, t0, cell):
     return v.to(tl.int64), tm, td, st
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # sizes vary per frame: no recompiles
 def _dda_kernel(
     o_ptr,
     d_ptr,

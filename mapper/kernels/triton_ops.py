@@ -83,14 +83,16 @@ def _leaf_in_tile(t, pos, tmask_ptr, tstart_ptr):
 
 
 def _n_iter(n: int) -> int:
-    return max(1, int(n).bit_length() + 1)
+    # binary-search steps: one bucket up to 2^19 tiles (a bucket per size would compile a new variant
+    # mid-stream each time a growing map crosses a power of two)
+    return max(20, int(n).bit_length() + 1)
 
 
 # ---------------------------------------------------------------------------------------------------
 # active voxels per leaf
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # sizes vary per frame: no recompiles
 def _count_kernel(masks_ptr, out_ptr, n, BLOCK: tl.constexpr):
     leaf = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inb = leaf < n
@@ -113,7 +115,7 @@ def leaf_counts_triton(masks: torch.Tensor) -> torch.Tensor:
 # voxel -> index
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "n_tiles"])  # sizes vary per frame: no recompiles
 def _ijk_to_index_kernel(
     ijk_ptr,
     out_ptr,
@@ -272,7 +274,7 @@ def prune_triton(leaves: Leaves, keep: torch.Tensor) -> Leaves:
     return _drop_empty(leaves.keys, out, counts)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_tiles"])  # sizes vary per frame: no recompiles
 def _inject_kernel(
     dkeys_ptr,
     dmasks_ptr,
@@ -432,7 +434,7 @@ def _axis_move(x, da: tl.constexpr, cross: tl.constexpr, s: tl.constexpr, z: tl.
     return x
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_out"])  # sizes vary per frame: no recompiles
 def _tile_dilate_kernel(
     ug_ptr,
     n_out,
@@ -546,7 +548,7 @@ def _out_keys_kernel(out_tkeys_ptr, out_tmask_ptr, out_tstart_ptr, out_keys_ptr,
     tl.store(out_tile_ptr + oidx, u + p * 0, mask=active)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_out"])  # sizes vary per frame: no recompiles
 def _leaf_morph_kernel(
     n_out,
     out_tile_ptr,
@@ -737,7 +739,7 @@ def _with_offsets(keys: torch.Tensor, masks: torch.Tensor, counts: torch.Tensor)
     return Leaves(keys, masks, offsets)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # sizes vary per frame: no recompiles
 def _compact_kernel(
     keys_ptr, masks_ptr, counts_ptr, pos_ptr, okeys_ptr, omasks_ptr, ooffsets_ptr, n, BLOCK: tl.constexpr
 ):

@@ -52,7 +52,7 @@ def _element_address(ptrs_ptr, starts_ptr, n_pages, i, m, slots_ptr, offs_ptr, e
     return base + ((slot - start) * 64 + voxel) * C + rem % C
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_pages", "total"])  # sizes vary per frame: no recompiles
 def _paged_kernel(
     ptrs_ptr, starts_ptr, n_pages, slots_ptr, offs_ptr, buf_ptr, total,
     C: tl.constexpr, PER: tl.constexpr, HAS_OFF: tl.constexpr, SCATTER: tl.constexpr,
@@ -72,8 +72,9 @@ def _paged_kernel(
 
 
 def n_iter(n_pages: int) -> int:
-    # a power-of-two bucket of the page count: few compiled variants as the pool grows
-    return max(1, (max(1, n_pages) - 1).bit_length() + 1)
+    # one bucket up to 2^15 pages (masked steps are cheap in the rolled loop): a growing pool compiles no
+    # new variant mid-stream
+    return max(16, (max(1, n_pages) - 1).bit_length() + 1)
 
 
 def _launch(ptrs, starts, slots, offsets, buf: torch.Tensor, scatter: bool) -> None:

@@ -23,7 +23,7 @@ def _round_half_even(x):
     return tl.where((r - x == 0.5) & odd, r - 1.0, r)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nb", "n_pages"])  # sizes vary per frame: no recompiles
 def _project_kernel(
     bricks_ptr, slots_ptr, nb, depth_ptr, color_ptr, H, W, prm_ptr, obs_w, max_w,
     starts_ptr, n_pages, tsdf_ptrs, weight_ptrs, color_ptrs, cw_ptrs, count_ptr,
@@ -95,11 +95,15 @@ def project_update_launch(pool, bricks, slots, depth, K, T, color, tau, s, max_r
     if nb == 0:
         return 0
     h, w = depth.shape
-    k = K.detach().cpu().to(torch.float64)
-    tt = T.detach().cpu().to(torch.float64)
-    prm = [float(k[0, 0]), float(k[1, 1]), float(k[0, 2]), float(k[1, 2]), *tt[:3, :3].reshape(-1).tolist()]
-    prm += [*tt[:3, 3].tolist(), float(s), float(tau), float(max_range)]
-    prm_t = torch.tensor(prm, dtype=torch.float64).to(dev, non_blocking=True)
+    # parameters assembled on the device (K and T stay where they are: no device-to-host copy)
+    k = K.detach().to(dev, torch.float64)
+    tt = T.detach().to(dev, torch.float64)
+    tail = torch.tensor([float(s), float(tau), float(max_range)], dtype=torch.float64).to(
+        dev, non_blocking=True
+    )
+    prm_t = torch.cat(
+        (torch.stack((k[0, 0], k[1, 1], k[0, 2], k[1, 2])), tt[:3, :3].reshape(-1), tt[:3, 3], tail)
+    )
     has_color = color is not None and "color" in pool.fields
     block = 256
     pt = pool.page_table

@@ -31,7 +31,7 @@ _BLOCK_COARSE = 128  # 68 registers, no spills
 _BLOCK_WALK = 128  # one segment per thread (4 warps): ~90 registers, no spills (ptxas, sm_90)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # sizes vary per frame: no recompiles
 def _coarse_kernel(
     o_ptr,
     o_stride,
@@ -128,7 +128,7 @@ def brick_segments_triton(origins, dirs, t0, t1, cell: float):
         seg_ray,
         seg_key,
         n,
-        S_BOUND=1 << max(0, int(cmax) - 1).bit_length(),
+        S_BOUND=1 << max(4, (int(cmax) - 1).bit_length()),  # >= 16: TSDF bands stay in one variant
         BLOCK=_BLOCK_COARSE,
         KBITS=KEY_BITS,
         KBIAS=KEY_BIAS,
@@ -151,7 +151,7 @@ def _entry_axis(pe, d, s, lo):
     return c, entry_face, interior
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # sizes vary per frame: no recompiles
 def _walk_kernel(
     o_ptr,
     o_stride,
@@ -306,7 +306,9 @@ def walk_segments_triton(
     )
 
 
-@triton.jit
+@triton.jit(
+    do_not_specialize=["n", "l0", "l1", "l2", "e0", "e1", "e2", "cells"]
+)  # sizes vary per frame: no recompiles
 def _dense_flat_kernel(
     key_ptr,  # int64 [n]
     flat_ptr,  # int32 [n]
