@@ -160,7 +160,11 @@ def _dilate_line(occ: torch.Tensor, k: int, axis: int) -> None:
         d += s
 
 
-def _dilated_bricks(bricks: torch.Tensor, radius: int, max_cells: int = 1 << 22) -> float:
+FINE_CELLS = 1 << 22  # bitmap cells of the dilation bound (the tightest bound, what refusals rest on)
+COARSE_CELLS = 1 << 15  # the first try when the caller gives room: 128x fewer cells, a looser bound
+
+
+def _dilated_bricks(bricks: torch.Tensor, radius: int, max_cells: int = FINE_CELLS) -> float:
     """Upper bound on the bricks within Chebyshev distance ``radius`` of int64 ``[N, 3]`` bricks (exact
     when the frame is small enough): a bitmap of cells of ``c`` bricks (``c = 1``, doubled until the
     bitmap has at most ``max_cells`` cells), dilated by ``k = ceil(radius / c)`` cells with a separable
@@ -206,19 +210,26 @@ def _rays_growth(
     if room is not None and g.bytes + g.transient <= room:
         return g
     end_bricks = torch.floor(ends / bm).to(torch.int64)
-    n = {}
-    if m._tsdf is not None:  # the band's bricks lie within ceil(tau / B) bricks of the return's brick
-        band = _dilated_bricks(end_bricks, math.ceil(tau / bm))
-        n["tsdf"] = min(_band_bricks(ranges, tau, bm), band, box["tsdf"])
+    n: dict[str, float] = {}
     if m._occ is not None:
         n["occupancy"] = min(_free_space_bricks(ranges, bm), box["occupancy"])
     if getattr(m, "_free", None) is not None:  # the rays' free space, walked at the ESDF's voxel
         n["free"] = min(_free_space_bricks(ranges, bf), box["free"])
-    if m._esdf is not None:
-        # surface sites lie within the band (+1 brick for the crossings' neighbours), the domain within
-        # Rb bricks of a site brick
-        n["esdf"] = min(_dilated_bricks(end_bricks, reach), box["esdf"])
-    return _growth_of(m, n)
+    band = _band_bricks(ranges, tau, bm) if m._tsdf is not None else 0.0
+    # the dilations, on a coarse bitmap first (~1 ms; a looser bound) when the caller gives room, then on
+    # the fine one (10-100 ms per 10^5 rays): the fine bound decides whenever the coarse one does not fit
+    for cells in ((COARSE_CELLS,) if room is not None else ()) + (FINE_CELLS,):
+        if m._tsdf is not None:  # the band's bricks lie within ceil(tau / B) bricks of the return's brick
+            near = _dilated_bricks(end_bricks, math.ceil(tau / bm), cells)
+            n["tsdf"] = min(band, near, box["tsdf"])
+        if m._esdf is not None:
+            # surface sites lie within the band (+1 brick for the crossings' neighbours), the domain within
+            # Rb bricks of a site brick
+            n["esdf"] = min(_dilated_bricks(end_bricks, reach, cells), box["esdf"])
+        g = _growth_of(m, n)
+        if room is not None and g.bytes + g.transient <= room:
+            return g
+    return g
 
 
 def _growth_of(m, bricks: dict[str, float]) -> Growth:

@@ -24,6 +24,7 @@ import torch
 from .grid import IndexGrid
 from .kernels.dispatch import use_triton
 from .kernels.keys import encode_leaf_keys
+from .kernels.topology import make_leaves
 
 BRICK_VOXELS = 64
 PAGE_BRICKS = 1 << 14  # 2^20 voxels per page
@@ -259,7 +260,8 @@ def bricks_grid(brick_ijk: torch.Tensor) -> tuple[IndexGrid, torch.Tensor, torch
     b = brick_in_leaf(brick_ijk << 2)
     present = torch.zeros((keys.numel(), 8), dtype=torch.bool, device=dev)
     present[inv, b] = True
-    return IndexGrid._from_leaves(keys, brick_masks(present)), inv, b
+    # every leaf holds a brick: no empty leaf to drop (``_from_leaves`` would filter them: a host sync)
+    return IndexGrid(make_leaves(keys, brick_masks(present))), inv, b
 
 
 class BrickLayer:
@@ -308,12 +310,14 @@ class BrickLayer:
         leaf = pos_shell[leaf_of]
         cur = slots[leaf, b]
         missing = cur < 0
-        n_new = int(missing.sum())
+        rank = torch.cumsum(missing, 0) - 1
+        n_new = int(rank[-1]) + 1  # the one sync of the allocation: how many fresh slots
+        cur = cur.to(torch.int64)
         if n_new:
+            # the k-th missing brick takes the k-th fresh slot (gather + where: no boolean-mask indexing)
             fresh = self.pool.alloc(n_new)
-            cur = cur.to(torch.int64)
-            cur[missing] = fresh
-            slots[leaf[missing], b[missing]] = fresh.to(torch.int32)
+            cur = torch.where(missing, fresh[rank.clamp(min=0)], cur)
+            slots[leaf, b] = cur.to(torch.int32)
         self.version += 1
         bver[leaf, b] = self.version
         self.grid, self.slots, self.brick_versions = merged, slots, bver

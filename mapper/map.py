@@ -245,7 +245,8 @@ class Map:
                 T_world_sensor, info = self.track_lidar(pts, T_world_sensor, estimated=estimated)
         elif T_world_sensor is None:
             raise InvalidArgument("T_world_sensor: required when track=False")
-        T = self._check_sensor_pose(T_world_sensor)
+        T_host = self.check_sensor_pose(T_world_sensor).clone()  # returned as is: no copy back
+        T = T_host.to(self.device)
         r = torch.linalg.vector_norm(pts, dim=1)
         ok = torch.isfinite(pts).all(dim=1) & (r > 1e-6) & (r <= self.max_range_m)
         pts = pts[ok].to(torch.float64)
@@ -266,7 +267,6 @@ class Map:
             if self._free is not None:
                 self._walk_free(origin, dirs, rng)
         cleared = self._keep_radius(T[:3, 3])
-        T_host = T.cpu()
         self._end(touched, T_host)
         out = {"points_used": used, "points_dropped": int(ok.numel() - used), "T_world_sensor": T_host}
         if cleared is not None:
@@ -343,12 +343,16 @@ class Map:
                 touched.append(self._carve(origin, dirs, rng))
             if self._free is not None:
                 with self._timer("free"):
-                    z_max = float(torch.where(ok, d, torch.zeros_like(d)).max())
-                    st = free_space.depth_stride(
-                        z_max, float(Kt[:2, :2].diagonal().min()), self.esdf_voxel_size_m
+                    # free_space.depth_stride computed on the device (the same float64 arithmetic; no
+                    # host sync): every st-th pixel of every st-th row
+                    z_max = torch.where(ok, d, torch.zeros_like(d)).max().to(torch.float64)
+                    f_min = Kt[:2, :2].diagonal().min()
+                    st = (
+                        torch.floor(0.5 * self.esdf_voxel_size_m * f_min / z_max).clamp(min=1).to(torch.int64)
                     )
-                    sub = torch.zeros_like(depth, dtype=torch.bool)
-                    sub[::st, ::st] = True
+                    h, w = depth.shape
+                    rows = torch.arange(h, device=self.device)[:, None] % st == 0
+                    sub = rows & (torch.arange(w, device=self.device)[None, :] % st == 0)
                     sparse = torch.where(sub, depth, torch.zeros_like(depth))
                     _, origin, dirs, rng = tsdf.pixel_rays(sparse, Kt, T, self.max_range_m)
                     self._walk_free(origin, dirs, rng)

@@ -116,9 +116,9 @@ def unique_voxels(ijk: torch.Tensor, max_dense_cells: int = 1 << 26) -> torch.Te
         return ijk.reshape(0, 3)
     lo = ijk.min(dim=0).values
     ext = ijk.max(dim=0).values - lo + 1
-    n_cells = int(ext.prod())
+    e0, e1, e2 = ext.tolist()  # one sync for the box
+    n_cells = e0 * e1 * e2
     if n_cells <= max_dense_cells:
-        e1, e2 = int(ext[1]), int(ext[2])
         rel = ijk - lo
         flat = (rel[:, 0] * e1 + rel[:, 1]) * e2 + rel[:, 2]
         seen = torch.zeros(n_cells, dtype=torch.bool, device=ijk.device)

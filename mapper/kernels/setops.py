@@ -22,23 +22,23 @@ def merge_with_positions_torch(a: Leaves, b: Leaves) -> tuple[Leaves, torch.Tens
     which is what makes merging a frame's shell into a large map cheap (NOTES.md).
     """
     dev = a.keys.device
-    la = a.keys.numel()
+    la, lb = a.keys.numel(), b.keys.numel()
     in_a = lookup_leaves(a.keys, b.keys)
     is_new = in_a < 0
-    new_keys = b.keys[is_new]
-    n_new = new_keys.numel()
-    ins = torch.searchsorted(a.keys, new_keys)  # insertion point of each new key among a's keys
+    # no boolean-mask indexing (a host sync each on CUDA): every leaf of b gets its place arithmetically,
+    # a new one at its insertion point among a's keys plus its rank among the new ones
+    rank = torch.cumsum(is_new, 0) - 1
+    n_new = int(rank[-1]) + 1 if lb else 0  # the one sync: the result's size
+    ins = torch.searchsorted(a.keys, b.keys)  # insertion point of each key among a's keys
     shift = torch.zeros(la + 1, dtype=torch.int64, device=dev)
-    shift.scatter_add_(0, ins, torch.ones_like(ins))
+    shift.scatter_add_(0, ins, is_new.to(torch.int64))
     shift = torch.cumsum(shift, 0)
     pos_a = torch.arange(la, device=dev) + shift[:la]
-    pos_new = ins + torch.arange(n_new, device=dev)
+    old = pos_a[in_a.clamp(min=0)] if la else torch.zeros_like(in_a)
+    pos_b = torch.where(is_new, ins + rank, old)
     keys = torch.empty(la + n_new, dtype=torch.int64, device=dev)
     keys[pos_a] = a.keys
-    keys[pos_new] = new_keys
-    pos_b = torch.empty_like(in_a)
-    pos_b[is_new] = pos_new
-    pos_b[~is_new] = pos_a[in_a[~is_new]]
+    keys[pos_b] = b.keys  # b's leaves already in a write the same key
     masks = torch.zeros((la + n_new, 8), dtype=torch.int64, device=dev)
     masks[pos_a] = a.masks
     masks[pos_b] = masks[pos_b] | b.masks

@@ -116,7 +116,7 @@ def brick_segments_triton(origins, dirs, t0, t1, cell: float):
     total, cmax = vals[6], vals[7]
     seg_ray = torch.empty(total, dtype=torch.int32, device=dev)
     seg_key = torch.empty(total, dtype=torch.int64, device=dev)
-    prm = torch.full((1,), float(cell), dtype=torch.float64, device=dev)
+    prm = device_params(dev, cell)
     _coarse_kernel[(triton.cdiv(n, _BLOCK_COARSE),)](
         o,
         o.stride(0),
@@ -137,6 +137,22 @@ def brick_segments_triton(origins, dirs, t0, t1, cell: float):
         enable_fp_fusion=False,
     )
     return seg_ray, seg_key, [vals[0:3], vals[3:6]]
+
+
+_PARAMS: dict[tuple, torch.Tensor] = {}
+
+
+def device_params(dev: torch.device, *values: float) -> torch.Tensor:
+    """float64 ``[len(values)]`` on ``dev``, kept between frames (kernels only read it): no per-frame fill
+    launches for a map's constant parameters."""
+    key = (dev, *(float(x) for x in values))
+    t = _PARAMS.get(key)
+    if t is None:
+        if len(_PARAMS) > 256:  # many maps / voxel sizes: start over (bounded)
+            _PARAMS.clear()
+        t = torch.tensor([float(x) for x in values], dtype=torch.float64).to(dev)
+        _PARAMS[key] = t
+    return t
 
 
 @triton.jit
@@ -275,8 +291,7 @@ def walk_segments_triton(
     a = t0.to(torch.float64).contiguous()
     e = t1.to(torch.float64).contiguous()
     rg = rng.to(torch.float64).contiguous() if mode == BAND else a
-    prm = torch.full((2,), float(voxel_size), dtype=torch.float64, device=dirs.device)
-    prm[1] = float(tau)
+    prm = device_params(dirs.device, voxel_size, tau)
     if mode == MISS:
         (flags,) = out
         out_a = out_b = flags
