@@ -16,7 +16,7 @@ timeout 100 python3 benchmarks/bench_frame.py --device cuda --lidar-frames 200 -
 echo "bench rc=$? after $(( $(date +%s) - start )) s" >> "$D/gpu.txt"
 left=$(( 145 - ($(date +%s) - start) ))
 if [ "$left" -gt 10 ]; then
-  timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/test_map_frame.py tests/test_paged_pool.py \
+  timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/test_map_frame.py tests/test_project_update.py tests/test_paged_pool.py \
     tests/test_segments.py tests/test_grid_oracle.py -k "cuda or gpu or triton" > "$D/tests.log" 2>&1
   echo "tests rc=$? after $(( $(date +%s) - start )) s" >> "$D/gpu.txt"
 fi

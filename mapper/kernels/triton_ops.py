@@ -83,9 +83,13 @@ def _leaf_in_tile(t, pos, tmask_ptr, tstart_ptr):
 
 
 def _n_iter(n: int) -> int:
-    # binary-search steps: one bucket up to 2^19 tiles (a bucket per size would compile a new variant
-    # mid-stream each time a growing map crosses a power of two)
-    return max(20, int(n).bit_length() + 1)
+    return max(1, int(n).bit_length() + 1)
+
+
+def _n_iter_frame(n: int) -> int:
+    """Binary-search steps of the lookups on the frame path: one bucket up to 2^19 tiles (a bucket per
+    power of two compiled a new variant mid-stream each time a growing map crossed one)."""
+    return max(20, _n_iter(n))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -186,7 +190,7 @@ def ijk_to_index_triton(
         LIMIT=VOXEL_LIMIT,
         BIAS=TILE_BIAS,
         AXB=TILE_AXIS_BITS,
-        N_ITER=_n_iter(tiles.keys.numel()),
+        N_ITER=_n_iter_frame(tiles.keys.numel()),
         BLOCK=block,
         LEAF_ONLY=leaf_only,
     )
@@ -317,7 +321,7 @@ def inject_index_triton(src: Leaves, src_tiles: Tiles, dst: Leaves) -> torch.Ten
             src.masks.view(torch.int32),
             src.offsets,
             out,
-            N_ITER=_n_iter(src_tiles.keys.numel()),
+            N_ITER=_n_iter_frame(src_tiles.keys.numel()),
         )
     return out
 

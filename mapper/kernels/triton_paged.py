@@ -72,9 +72,14 @@ def _paged_kernel(
 
 
 def n_iter(n_pages: int) -> int:
-    # one bucket up to 2^15 pages (masked steps are cheap in the rolled loop): a growing pool compiles no
-    # new variant mid-stream
-    return max(16, (max(1, n_pages) - 1).bit_length() + 1)
+    # a power-of-two bucket of the page count: few compiled variants as the pool grows
+    return max(1, (max(1, n_pages) - 1).bit_length() + 1)
+
+
+def n_iter_frame(n_pages: int) -> int:
+    """Search steps of the frame path's kernels: one bucket up to 2^15 pages (masked steps are cheap in the
+    rolled loop), so a growing pool compiles no new variant mid-stream."""
+    return max(16, n_iter(n_pages))
 
 
 def _launch(ptrs, starts, slots, offsets, buf: torch.Tensor, scatter: bool) -> None:
@@ -88,7 +93,7 @@ def _launch(ptrs, starts, slots, offsets, buf: torch.Tensor, scatter: bool) -> N
     of = sl if offsets is None else offsets.to(torch.int64).contiguous()
     _paged_kernel[(triton.cdiv(total, block),)](
         ptrs, starts, ptrs.numel(), sl, of, buf, total, C=total // (n * per), PER=per,
-        HAS_OFF=offsets is not None, SCATTER=scatter, N_ITER=n_iter(ptrs.numel()), BLOCK=block,
+        HAS_OFF=offsets is not None, SCATTER=scatter, N_ITER=n_iter_frame(ptrs.numel()), BLOCK=block,
     )  # fmt: skip
 
 

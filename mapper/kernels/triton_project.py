@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_paged import n_iter, page_base, page_of
+from .triton_paged import n_iter_frame, page_base, page_of
 
 
 @triton.jit
@@ -114,6 +114,6 @@ def project_update_launch(pool, bricks, slots, depth, K, T, color, tau, s, max_r
         bricks.to(torch.int64).contiguous(), slots.to(torch.int64).contiguous(), nb,
         depth.contiguous(), col, h, w, prm_t, float(obs_w), float(max_w),
         pool.page_start_table(), n_pages, pt("tsdf"), pt("weight"), cpt, cwpt,
-        count, HAS_COLOR=has_color, N_ITER=n_iter(n_pages), BLOCK=block,
+        count, HAS_COLOR=has_color, N_ITER=n_iter_frame(n_pages), BLOCK=block,
     )  # fmt: skip
     return count[0]
