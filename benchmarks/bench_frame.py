@@ -94,7 +94,7 @@ class CompileCounter:
     def _hook(self, *args, **kwargs):
         self.n += 1
         fn = kwargs.get("fn")
-        self.names.append(getattr(getattr(fn, "fn", fn), "__name__", "?"))
+        self.names.append(str(getattr(fn, "name", fn)))
         return False
 
     def close(self):
@@ -182,6 +182,7 @@ def run_sequence(m: Map, kind: str, frames, dev: torch.device, compiles: Compile
                 "host_ms": host,
                 "stages": m.timings_ms(),
                 "compiles": compiles.n - c0,
+                "compiled": sorted(set(compiles.names[c0:])),
                 "new_bricks": b1 - b0,
                 "new_pages": p1 - p0,
                 "reserved_growth_mb": dres / 2**20,
@@ -403,7 +404,8 @@ def fmt_report(results: list[dict], args, dev: torch.device, argv: list[str]) ->
         lines.append(
             f"- {r['case']}: "
             + "; ".join(
-                f"#{x['frame']} {x['ms']:.1f} ms (compiles {x['compiles']}, pages {x['new_pages']}, gc "
+                f"#{x['frame']} {x['ms']:.1f} ms (compiles {x['compiles']} {' '.join(x['compiled'])}, "
+                f"pages {x['new_pages']}, gc "
                 f"{x['gc_ms']:.1f} ms, "
                 f"+{x['reserved_growth_mb']:.0f} MiB, bricks +{x['new_bricks']}, "
                 + ", ".join(f"{k} {v:.1f}" for k, v in x["stages"].items())

@@ -154,7 +154,9 @@ def test_growth_with_room_skips_the_fine_dilation(monkeypatch):
 @pytest.mark.gpu
 def test_no_triton_compile_inside_a_sequence():
     """Once a configuration has run a few frames, frames of other sizes (point counts, bricks, a growing
-    map and pool) compile nothing: sizes are not specialised and search depths come in one bucket."""
+    map and pool) compile nothing: sizes are not specialised and search depths come in one bucket. The
+    one exception: the occupancy coarse walk's loop bound is a power-of-two bucket of the frame's longest
+    ray (a constexpr: the interpreter cannot run a runtime loop bound), at most one variant per bucket."""
     triton = pytest.importorskip("triton")
     dev = torch.device("cuda")
     frames = list(sim.lidar_sequence(14, device=dev, lidar=sim.SpinningLidar(n_beams=16, dropout_prob=0.3)))
@@ -170,7 +172,12 @@ def test_no_triton_compile_inside_a_sequence():
         warm_d.integrate_depth(d, K, T)
     names = []
     prev = triton.knobs.runtime.jit_post_compile_hook
-    triton.knobs.runtime.jit_post_compile_hook = lambda *a, **k: names.append(str(k.get("fn")))
+
+    def hook(*args, **kwargs):
+        fn = kwargs.get("fn")
+        names.append(str(getattr(fn, "name", None) or getattr(getattr(fn, "fn", None), "__name__", fn)))
+
+    triton.knobs.runtime.jit_post_compile_hook = hook
     try:
         ml, md = Map(0.1, layers=("tsdf", "occupancy"), device=dev), Map(0.02, layers=("tsdf",), device=dev)
         for i, (p, T) in enumerate(frames[3:]):
@@ -181,5 +188,5 @@ def test_no_triton_compile_inside_a_sequence():
     finally:
         triton.knobs.runtime.jit_post_compile_hook = prev
     assert ml.bricks["tsdf"] > 0 and md.bricks["tsdf"] > 0
-    assert names == [], names
+    assert all("_coarse_kernel" in n for n in names), names
     assert math.isfinite(float(ml.stats()["layers"]["tsdf"]["voxels"]))
