@@ -195,20 +195,27 @@ def _dilated_bricks(bricks: torch.Tensor, radius: int, max_cells: int = FINE_CEL
 
 
 def _rays_growth(
-    m, origin: torch.Tensor, ends: torch.Tensor, ranges: torch.Tensor, room: float | None = None
+    m,
+    origin: torch.Tensor,
+    ends: torch.Tensor,
+    ranges: torch.Tensor,
+    room: float | None = None,
+    band: float | None = None,
 ) -> Growth:
     """Growth bound for rays from ``origin`` (float64 [3]) to ``ends`` (float64 [N, 3], ranges [N]).
-    With ``room`` (bytes): when the bounding-box bound alone fits in it, return that (a few ms) instead of
-    the finer per-ray bounds (~10-100 ms per 10^5 rays on a CPU)."""
+    With ``room`` (bytes): the cheapest bound that fits in it (the bounding box, a few ms; then the
+    per-ray bounds with a coarse dilation), else the tightest (~10-100 ms per 10^5 rays on a CPU).
+    ``band``: the TSDF band's half length along a ray (default ``tau``)."""
     if ranges.numel() == 0:
         return Growth()
     s = m.voxel_size_m
     bm = 4 * s
     tau = m.tsdf_config.tau
+    band = tau if band is None else band
     lo_e, hi_e = _box(ends)
     lo, hi = torch.minimum(lo_e, origin), torch.maximum(hi_e, origin)
     reach = m._esdf.brick_radius + math.ceil(tau / bm) + 1 if m._esdf is not None else 0
-    box = {"tsdf": _box_bricks(lo, hi, bm, tau), "occupancy": _box_bricks(lo, hi, bm, s)}
+    box = {"tsdf": _box_bricks(lo, hi, bm, band), "occupancy": _box_bricks(lo, hi, bm, s)}
     box["esdf"] = _box_bricks(lo_e, hi_e, bm, reach * bm)
     bf = 4 * getattr(m, "esdf_voxel_size_m", s)  # the free record's bricks (ESDF voxels)
     box["free"] = _box_bricks(lo, hi, bf, bf)
@@ -221,13 +228,13 @@ def _rays_growth(
         n["occupancy"] = min(_free_space_bricks(ranges, bm), box["occupancy"])
     if getattr(m, "_free", None) is not None:  # the rays' free space, walked at the ESDF's voxel
         n["free"] = min(_free_space_bricks(ranges, bf), box["free"])
-    band = _band_bricks(ranges, tau, bm) if m._tsdf is not None else 0.0
+    along = _band_bricks(ranges, band, bm) if m._tsdf is not None else 0.0
     # the dilations, on a coarse bitmap first (~1 ms; a looser bound) when the caller gives room, then on
     # the fine one (10-100 ms per 10^5 rays): the fine bound decides whenever the coarse one does not fit
     for cells in ((COARSE_CELLS,) if room is not None else ()) + (FINE_CELLS,):
         if m._tsdf is not None:  # the band's bricks lie within ceil(tau / B) bricks of the return's brick
-            near = _dilated_bricks(end_bricks, math.ceil(tau / bm), cells)
-            n["tsdf"] = min(band, near, box["tsdf"])
+            near = _dilated_bricks(end_bricks, math.ceil(band / bm), cells)
+            n["tsdf"] = min(along, near, box["tsdf"])
         if m._esdf is not None:
             # surface sites lie within the band (+1 brick for the crossings' neighbours), the domain within
             # Rb bricks of a site brick

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["n"])  # sizes vary per frame: no recompiles
+@triton.jit
 def _window_min_kernel(f_ptr, out_ptr, n, W: tl.constexpr, BLOCK: tl.constexpr):
     p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = p < n
