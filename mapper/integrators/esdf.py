@@ -51,7 +51,7 @@ import torch
 
 from ..errors import InvalidArgument, InvalidArgumentType
 from ..grid import IndexGrid
-from ..kernels.dispatch import use_triton
+from ..kernels.envelope import lower_envelope
 from ..layers import BrickLayer, FieldSpec, brick_in_leaf, brick_local_coords, brick_offsets
 from .common import keys_to_ijk, voxel_keys
 
@@ -536,15 +536,14 @@ def coarse_sign_observed(tsdf, occ, free, bricks: torch.Tensor, ratio: float, ro
 
 
 # ----------------------------------------------------------------------------------------- transform
-def _line_layout(bricks: torch.Tensor, axis: int, pad: int, rows: int):
+def _line_layout(bricks: torch.Tensor, axis: int, rows: int):
     """Slot layout of the voxels of the sorted unique ``bricks`` (``[B, 3]``) as lines along ``axis``.
 
     Each maximal run of ``n`` consecutive bricks along ``axis`` (same other two coordinates) gives 16
-    lines of ``4 n`` voxels, each followed by ``pad`` empty slots. Returns ``perm`` (``[P]``, int32 where
-    it fits, else int64: slot -> voxel index ``brick * 64 + offset``, ``64 B`` for an empty slot),
-    ``real`` (same dtype: the slots that hold a voxel, increasing) and the chunks as ``(first slot, end
-    slot, first index into real, end index into real)``; a chunk holds whole runs and about ``rows``
-    slots (one chunk on CUDA).
+    lines of ``4 n`` voxels, laid one after the other (no gaps: ``64 B`` slots). Returns ``perm`` (int64
+    ``[64 B]``: slot -> voxel index ``brick * 64 + offset``, a permutation), the lines' ``start`` and
+    ``length`` (int64 ``[L]``, in slot order) and the chunks as ``(first slot, end slot, first line, end
+    line)``; a chunk holds whole runs and about ``rows`` slots (one chunk on CUDA).
     """
     dev = bricks.device
     nb = bricks.shape[0]
@@ -557,71 +556,43 @@ def _line_layout(bricks: torch.Tensor, axis: int, pad: int, rows: int):
     run = torch.cumsum(new, 0) - 1
     first = new.nonzero().squeeze(1)
     count = torch.diff(first, append=first.new_tensor([nb]))
-    line = 4 * count + pad  # a line of the run and its trailing empty slots
-    size = 16 * line
-    base = torch.cumsum(size, 0) - size
-    total = int(base[-1] + size[-1])
-    dtype = torch.int32 if total < _INT32_MAX and nb * 64 < _INT32_MAX else torch.int64
-    local = brick_local_coords(dev).to(dtype)
+    line = 4 * count  # voxels per line of the run
+    base = torch.cumsum(64 * count, 0) - 64 * count
+    local = brick_local_coords(dev)
     sub = local[:, u] * 4 + local[:, v]
     t = torch.arange(nb, device=dev) - first[run]
-    start = (base[run] + 4 * t).to(dtype)
-    step = line[run].to(dtype)
-    voxel = order.to(dtype) * 64
-    perm = torch.full((total,), nb * 64, dtype=dtype, device=dev)
-    ar64 = torch.arange(64, dtype=dtype, device=dev)
+    start = base[run] + 4 * t
+    step = line[run]
+    perm = torch.empty(nb * 64, dtype=torch.int64, device=dev)
+    ar64 = torch.arange(64, device=dev)
     for sl in _chunks(nb, dev, CPU_BRICKS):
         pos = start[sl, None] + sub[None, :] * step[sl, None] + local[None, :, axis]
-        perm[pos.reshape(-1).to(torch.int64)] = (voxel[sl, None] + ar64).reshape(-1)
-    real = (perm < nb * 64).nonzero().squeeze(1).to(dtype)  # the slots that hold a voxel, increasing
+        perm[pos.reshape(-1)] = (order[sl, None] * 64 + ar64).reshape(-1)
+    ar16 = torch.arange(16, device=dev)
+    starts = (base[:, None] + ar16[None, :] * line[:, None]).reshape(-1)
+    lengths = line[:, None].expand(-1, 16).reshape(-1)
+    total = nb * 64
     if dev.type == "cuda" or total <= rows:
-        return perm, real, [(0, total, 0, real.numel())]
+        return perm, starts, lengths, [(0, total, 0, starts.numel())]
     cut = torch.ones(base.numel(), dtype=torch.bool, device=dev)
     cut[1:] = (base[1:] // rows) != (base[:-1] // rows)
-    bounds = torch.cat((base[cut], base.new_tensor([total])))
-    rb = torch.searchsorted(real, bounds).tolist()
-    bounds = bounds.tolist()
-    return perm, real, list(zip(bounds[:-1], bounds[1:], rb[:-1], rb[1:], strict=True))
-
-
-def _window_min(f: torch.Tensor, w: int) -> torch.Tensor:
-    """:func:`_window_min_torch`; one Triton launch on CUDA (``mapper.kernels.triton_minplus``)."""
-    if use_triton(f.device):
-        from ..kernels.triton_minplus import window_min_triton
-
-        return window_min_triton(f, w)
-    return _window_min_torch(f, w)
-
-
-def _window_min_torch(f: torch.Tensor, w: int) -> torch.Tensor:
-    """``min_{|d| <= w} f[p + d] + d^2`` over a float32 slot chunk that starts with ``w`` empty slots and
-    whose lines are each followed by ``>= w`` empty slots (inf), so shifted slices never mix lines. The
-    first and last ``w`` results are garbage (empty slots)."""
-    n = f.numel()
-    best = f.clone()
-    tmp = torch.empty_like(f)
-    for d in range(1, w + 1):
-        m = n - 2 * d
-        if m <= 0:
-            break
-        t = tmp[:m]
-        torch.minimum(f[2 * d :], f[:m], out=t)
-        t += float(d * d)
-        torch.minimum(best[d : n - d], t, out=best[d : n - d])
-    return best
+    run0 = cut.nonzero().squeeze(1)
+    bounds = torch.cat((base[run0], base.new_tensor([total]))).tolist()
+    lines = torch.cat((run0 * 16, run0.new_tensor([starts.numel()]))).tolist()
+    return perm, starts, lengths, list(zip(bounds[:-1], bounds[1:], lines[:-1], lines[1:], strict=True))
 
 
 def _nearest_marked(
     has: torch.Tensor, ar: torch.Tensor, far: int, by_count: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """For every slot, the nearest slot strictly left / right with ``has`` set (int32; ``-far`` / ``far``
+    """For every slot, the nearest slot strictly left / right with ``has`` set (int64; ``-far`` / ``far``
     where none). Two equivalent forms (the same integers): on CUDA a prefix count and a lookup, because
     a scan with indices (``torch.cummax``) runs one row per block there (~100x slower on a long row); on
     the CPU the running max/min, which is 2x cheaper than the count and lookup (``by_count``: force)."""
     if by_count if by_count is not None else has.device.type == "cuda":
-        count = torch.cumsum(has, 0, dtype=torch.int32)
-        pos = has.nonzero().squeeze(1).to(torch.int32)
-        left = torch.cat((pos.new_full((1,), -far), pos))[count - has.to(torch.int32)]
+        count = torch.cumsum(has, 0)
+        pos = has.nonzero().squeeze(1)
+        left = torch.cat((pos.new_full((1,), -far), pos))[count - has.to(torch.int64)]
         right = torch.cat((pos, pos.new_full((1,), far)))[count]
         return left, right
     left = torch.cummax(torch.where(has, ar, -far), 0)[0]
@@ -631,24 +602,30 @@ def _nearest_marked(
     return left, right
 
 
-def _line_min(lo: torch.Tensor, hi: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
+def _line_min(
+    lo: torch.Tensor, hi: torch.Tensor, near: torch.Tensor, start: torch.Tensor, length: torch.Tensor
+) -> torch.Tensor:
     """Squared 1-D distance from every slot to the nearest crossing on its line, float32.
 
-    ``lo`` / ``hi`` / ``near`` (float32, NaN = none): the slot's leftmost, rightmost and nearest crossing
-    as signed offsets (voxels, in ``[-1/2, 1/2]``) along the line. A voxel's crossings lie within half a
+    ``lo`` / ``hi`` / ``near`` (float32 ``[P]``, NaN = none): the slot's leftmost, rightmost and nearest
+    crossing as signed offsets (voxels, in ``[-1/2, 1/2]``) along the line; the lines (int64 ``start`` /
+    ``length``, ``[L]``) cover the ``P`` slots one after the other. A voxel's crossings lie within half a
     voxel of it, so the nearest crossing left of a slot belongs to the slot itself or to the nearest voxel
-    on the left that has one (its rightmost crossing), and symmetrically on the right. Distances are formed
-    from the integer slot difference and the offsets only, so equal lines give equal bits wherever they
-    sit in the layout. Lines are separated by empty slots; a value that reaches across them is larger than
-    the margin.
+    on the left of its line that has one (its rightmost crossing), and symmetrically on the right.
+    Distances are formed from the integer slot difference and the offsets only, so equal lines give equal
+    bits wherever they sit in the layout; inf where the line has no crossing.
     """
     n = lo.numel()
-    far = 1 << 30  # "no voxel": its distances are huge (or NaN, which fmin ignores)
-    ar = torch.arange(n, dtype=torch.int32, device=lo.device)
+    far = 1 << 40  # "no voxel"
+    ar = torch.arange(n, device=lo.device)
     has = ~torch.isnan(lo)
     left, right = _nearest_marked(has, ar, far)
-    dl = (ar - left).to(torch.float32) - hi[left.clamp(min=0)]
-    dr = (right - ar).to(torch.float32) + lo[right.clamp(max=n - 1)]
+    ls = torch.repeat_interleave(start, length, output_size=n)
+    le = ls + torch.repeat_interleave(length, length, output_size=n)
+    dl = (ar - left).to(torch.float32) - hi[left.clamp(0, n - 1)]
+    dr = (right - ar).to(torch.float32) + lo[right.clamp(0, n - 1)]
+    dl = torch.where(left >= ls, dl, math.nan)  # none on this line
+    dr = torch.where(right < le, dr, math.nan)
     best = torch.fmin(torch.fmin(dl * dl, dr * dr), near * near)
     return torch.nan_to_num_(best, nan=math.inf)
 
@@ -690,7 +667,7 @@ def squared_distances(
 
     def layout(axis):
         if axis not in layouts:
-            layouts[axis] = _line_layout(bricks, axis, margin + 1, rows)
+            layouts[axis] = _line_layout(bricks, axis, rows)
         return layouts[axis]
 
     def crossings(axis):
@@ -702,29 +679,23 @@ def squared_distances(
         return out
 
     def run(axis, jobs):
-        perm, real, chunks = layout(axis)
-        for s, e, r0, r1 in chunks:
-            at_slot = real[r0:r1]
-            where = (perm[at_slot], at_slot - s)  # voxels of the chunk, and their slots in it
+        perm, starts, lengths, chunks = layout(axis)
+        for s, e, l0, l1 in chunks:
+            idx = perm[s:e]  # the chunk's voxels in slot order; its lines, relative to the chunk
             for job in jobs:
-                job(perm[s:e], where)
+                job(idx, starts[l0:l1] - s, lengths[l0:l1])
 
     def line_job(out, axis):
         lo, hi, near = crossings(axis)
 
-        def job(idx, where):
-            out[where[0]] = _line_min(lo[idx], hi[idx], near[idx])[where[1]]
+        def job(idx, start, length):
+            out[idx] = _line_min(lo[idx], hi[idx], near[idx], start, length)
 
         return job
 
-    lead = None
-
     def window_job(arr):
-        def job(idx, where):
-            nonlocal lead
-            if lead is None:
-                lead = torch.full((margin,), n, dtype=idx.dtype, device=dev)
-            arr[where[0]] = _window_min(arr[torch.cat((lead, idx))], margin)[margin:][where[1]]
+        def job(idx, start, length):
+            arr[idx] = lower_envelope(arr[idx], start, length)
 
         return job
 
