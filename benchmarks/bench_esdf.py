@@ -6,7 +6,11 @@ Cases (``--parts``):
   space from the rays' free record), ESDF updated after every frame;
 * ``lidar``: 120 k-point scans (64 x 1875 beams, 60 m) of ``mapper.sim.outdoor_scene`` at TSDF
   ``--lidar-voxels`` with the ESDF at 10 cm;
-* ``maxd``: the depth case at TSDF 2 cm / ESDF 5 cm for ``esdf_max_distance_m`` in ``--max-distances``.
+* ``maxd``: the depth case at TSDF 2 cm / ESDF 5 cm for ``esdf_max_distance_m`` in ``--max-distances``;
+* ``room``: a long room sequence (``--room-frames``, default 1000) at TSDF ``--room-voxel`` (2 cm) / ESDF
+  5 cm, frames rendered one at a time on the device (an orbit in the indoor scene: consecutive frames
+  overlap as in a real RGB-D sequence), for the peak-memory check; stops early after ``--room-seconds``
+  and says how many frames it ran.
 
 Frames are generated on the device. Per frame: ``integrate_*`` + ``update_esdf`` timed together (CUDA
 events or perf_counter, host syncs included), after ``--warmup`` frames; ``esdf`` = the update alone
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import math
 import platform
 import sys
 import time
@@ -35,11 +40,14 @@ def _sync(dev):
         torch.cuda.synchronize()
 
 
-def run(m: Map, frames, kind: str, dev, warmup: int) -> dict:
+def run(m: Map, frames, kind: str, dev, warmup: int, seconds: float = math.inf) -> dict:
     tot, esdf = [], []
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
     for i, f in enumerate(frames):
+        if time.perf_counter() - start > seconds:
+            break
         _sync(dev)
         t0 = time.perf_counter()
         if kind == "lidar":
@@ -91,6 +99,9 @@ def main(argv=None):
     ap.add_argument("--esdf-voxel", type=float, default=0.05)
     ap.add_argument("--lidar-esdf-voxel", type=float, default=0.1)
     ap.add_argument("--max-distances", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0])
+    ap.add_argument("--room-frames", type=int, default=1000)
+    ap.add_argument("--room-voxel", type=float, default=0.02)
+    ap.add_argument("--room-seconds", type=float, default=math.inf)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -118,6 +129,9 @@ def main(argv=None):
         )
         lines.append(line)
         print(line, flush=True)
+        if args.out:  # after every case: a run cut short keeps what it measured
+            with open(args.out, "w") as fh:
+                fh.write("\n".join(lines) + "\n")
 
     if "depth" in args.parts or "maxd" in args.parts:
         dframes = depth_frames(max(args.depth_frames, args.maxd_frames) + args.warmup, dev)
@@ -142,6 +156,17 @@ def main(argv=None):
             r = run(m, dframes[: args.maxd_frames + args.warmup], "depth", dev, args.warmup)
             row(f"depth, TSDF 2 cm, ESDF 5 cm, max distance {md:g} m", r)
             del m
+    if "room" in args.parts:
+        m = Map(args.room_voxel, ("tsdf", "esdf"), dev, esdf_voxel_size_m=args.esdf_voxel, max_range_m=8.0)
+        cam = sim.PinholeCamera.kinect()
+        seq = sim.depth_sequence(args.room_frames, cam, dev, 1, max_range_m=8.0)  # lazy: one frame at a time
+        r = run(m, seq, "depth", dev, args.warmup, args.room_seconds)
+        row(
+            f"room sequence ({r['frames'] + args.warmup} of {args.room_frames} frames), TSDF "
+            f"{args.room_voxel * 100:g} cm, ESDF {args.esdf_voxel * 100:g} cm, max 2 m",
+            r,
+        )
+        del m
     text = "\n".join(lines) + "\n"
     if args.out:
         with open(args.out, "w") as fh:

@@ -25,20 +25,22 @@ bricks (box) of a brick with a site voxel: every voxel within ``M`` of a site vo
 
 **Transform.** Crossings on the lines along axis ``a`` form orientation ``a``. For each orientation: a
 1-D pass along ``a`` (nearest crossing on the line, by a cumulative max/min of the nearest voxel with a
-crossing on each side) followed by min-plus passes ``g(p) = min_{|d| <= M} f(p + d) + d^2`` along the
-other two axes; the result is the minimum over the orientations. Orientations k and j share their last
-pass: k, j(k) + j, k(j), i(min) + i, j(i), k(i): 3 line passes and 5 min-plus passes (1 and 2 for an
-occupancy map, whose centres are k-line points). Each pass lays the domain's voxels out line by line:
-bricks sorted by the two other axes, each run of ``n`` consecutive bricks giving 16 lines of ``4 n``
-voxels, each line followed by ``M + 1`` empty slots, so a min-plus pass is ``M`` rounds of three
-element-wise ops on shifted slices of one flat array (no sort of voxels, no gathers inside the rounds).
-Work: ``O(N M)`` per min-plus pass and ``O(N)`` per line pass for ``N`` domain voxels; on the CPU the
-lines are processed in chunks of ``cpu_rows`` slots (bounded temporaries, same results).
+crossing on each side) followed by exact 1-D squared-distance passes ``g(p) = min_q f(q) + (p - q)^2``
+along the other two axes, computed as the lower envelope of parabolas (Felzenszwalb-Huttenlocher,
+:mod:`mapper.kernels.envelope`: ``O(n)`` per line of ``n`` voxels, a Triton kernel on CUDA); the result
+is the minimum over the orientations. Orientations k and j share their last pass: k, j(k) + j, k(j),
+i(min) + i, j(i), k(i): 3 line passes and 5 envelope passes (1 and 2 for an occupancy map, whose centres
+are k-line points). Each pass lays the voxels out line by line (bricks sorted by the two other axes, each
+run of ``n`` consecutive bricks giving 16 lines of ``4 n`` voxels). Work: ``O(N)`` per pass for ``N``
+voxels, whatever the max distance; the envelope passes run only on the bricks the stored ones need (the
+stored bricks grown by ``Rb`` along the passes still to come, see :func:`squared_distances`).
 
 **Incremental == cold**, bit for bit: a value depends only on the crossings whose site voxels lie within
 ``M`` (box) of the voxel, on the voxel's own source values, and on intermediate values on the lines
 between the two, which are inside that box; every float is formed element-wise from the same operands
-(integer slot differences, never absolute positions), and minima are exact. ``update`` recomputes the
+(integer slot differences, never absolute positions), and minima are exact (an envelope pass returns the
+exact minimum of the float32 candidates of its line; a line cut shorter by the domain loses only candidates
+farther than ``M``, whose values clamp to the max distance either way). ``update`` recomputes the
 bricks that a change can reach with everything they need (see the margins in ``update``).
 """
 
@@ -55,7 +57,7 @@ from ..kernels.envelope import lower_envelope
 from ..layers import BrickLayer, FieldSpec, brick_in_leaf, brick_local_coords, brick_offsets
 from .common import keys_to_ijk, voxel_keys
 
-CPU_ROWS = 1 << 17  # slots per chunk of a pass on the CPU (int32: 512 KB per array)
+CPU_ROWS = 1 << 23  # slots per chunk of a pass on the CPU (the envelope steps once per slot of a line)
 CPU_BRICKS = 1 << 11  # bricks per chunk for site extraction and distances on the CPU
 _INT32_MAX = (1 << 31) - 1
 
@@ -637,6 +639,7 @@ def squared_distances(
     margin: int,
     axes: tuple[int, ...] = (2, 1, 0),
     rows: int = CPU_ROWS,
+    out_bricks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Exact squared Euclidean distance (voxels^2) from every voxel centre of a brick domain to the
     nearest crossing point.
@@ -647,28 +650,67 @@ def squared_distances(
             axis ``a``: columns ``3a, 3a + 1, 3a + 2`` = leftmost, rightmost and nearest crossing on the
             line through the centre along ``a``, as signed offsets in ``[-1/2, 1/2]`` voxels (NaN = none;
             see :func:`edge_sites`).
-        margin: ``M``: the window of the integer passes (offsets ``|d| <= M`` per axis).
+        margin: ``M``: values up to ``(M - 1/2)^2`` are exact where the domain holds the box of half-width
+            ``M`` around the voxel.
         axes: the crossing orientations present (an occupancy map's centres are ``+k`` slots only).
+        out_bricks: int64 ``[W, 3]`` sorted unique rows of ``bricks`` whose values are wanted (None: all);
+            the passes then run only on the bricks they need (below).
     Returns:
-        float32 ``[B, 64]`` (brick offset order); inf where no crossing is reachable. Exact (up to float32
-        rounding of the per-crossing sum) for every crossing whose voxel lies within the box of half-width
-        ``M`` around the voxel when the domain holds that box; values from farther crossings are
-        larger than ``(M - 1/2)^2``.
+        float32 ``[B, 64]`` (brick offset order); exact (up to float32 rounding of the per-crossing sum)
+        for every crossing whose voxel lies within the box of half-width ``M`` around the voxel when the
+        domain holds that box; values from farther crossings are larger than ``(M - 1/2)^2`` (inf where
+        none is reachable). Only the rows of ``out_bricks`` are meaningful when it is given.
 
     Per orientation ``a`` (crossings on the lines along ``a``): a 1-D pass along ``a`` on the crossings
-    (nearest left/right by a cumulative max/min), then min-plus passes with ``d^2`` along the other two
-    axes. Orientations k and j share their last pass (along i): k, j(k), j, k(j), i(min), then i, j, k.
+    (nearest left/right by a cumulative max/min), then exact 1-D squared-distance passes (lower envelope of
+    parabolas, :func:`mapper.kernels.envelope.lower_envelope`, ``O(n)`` per line of ``n`` voxels) along the
+    other two axes. Orientations k and j share their last pass (along i): k, j(k), j, k(j), i(min), then
+    i, j, k. A pass along ``x`` whose results are wanted on a brick set ``W`` reads its input on ``W``
+    grown by ``Rb = ceil(M / 4)`` bricks along ``x`` (inside the domain): beyond that every candidate is
+    farther than ``M``. So with ``W = out_bricks`` the last passes run on ``W + i`` / ``W + k`` and the
+    middle ones on ``W + i + j``, ``W + i + k``, ``W + k + j``; only the line passes span the domain.
     """
     dev = bricks.device
     nb = bricks.shape[0]
     n = nb * 64
-    at = torch.searchsorted(voxel_keys(bricks), voxel_keys(site_vox >> 2)) * 64 + brick_offsets(site_vox)
-    layouts: dict[int, tuple] = {}
+    keys = voxel_keys(bricks)
+    at = torch.searchsorted(keys, voxel_keys(site_vox >> 2)) * 64 + brick_offsets(site_vox)
+    rb = -(-margin // 4)
+    layouts: dict = {}
+    sets: dict = {}
 
-    def layout(axis):
-        if axis not in layouts:
-            layouts[axis] = _line_layout(bricks, axis, rows)
-        return layouts[axis]
+    def subset(name):
+        """Brick sets by name: "" = the domain, "W" = out_bricks, then grown along i / j / k (axis 0..2)."""
+        if name not in sets:
+            if name == "":
+                sets[name] = None
+            elif name == "W":
+                sets[name] = out_bricks
+            else:
+                base = subset(name[:-1])
+                if base is None:
+                    sets[name] = None
+                else:
+                    g = (
+                        _unique_bricks(_dilate_axis(base, rb, "ijk".index(name[-1])))
+                        if base.shape[0]
+                        else base
+                    )
+                    g = g[_member(voxel_keys(g), keys)]
+                    sets[name] = None if g.shape[0] == nb else g
+        return sets[name]
+
+    def layout(axis, name=""):
+        sub = subset(name)
+        key = (axis, "" if sub is None else name)
+        if key not in layouts:
+            if sub is None:
+                layouts[key] = _line_layout(bricks, axis, rows)
+            else:
+                perm, starts, lengths, chunks = _line_layout(sub, axis, rows)
+                row = torch.searchsorted(keys, voxel_keys(sub))  # subset brick -> domain brick
+                layouts[key] = (row[perm >> 6] * 64 + (perm & 63), starts, lengths, chunks)
+        return layouts[key]
 
     def crossings(axis):
         out = []
@@ -678,8 +720,8 @@ def squared_distances(
             out.append(d)
         return out
 
-    def run(axis, jobs):
-        perm, starts, lengths, chunks = layout(axis)
+    def run(axis, jobs, name=""):
+        perm, starts, lengths, chunks = layout(axis, name)
         for s, e, l0, l1 in chunks:
             idx = perm[s:e]  # the chunk's voxels in slot order; its lines, relative to the chunk
             for job in jobs:
@@ -702,31 +744,25 @@ def squared_distances(
     def fresh():
         return torch.full((n + 1,), math.inf, dtype=torch.float32, device=dev)
 
+    w = "" if out_bricks is None else "W"
     a = b = c = None
     if 2 in axes:
         a = fresh()
         run(2, [line_job(a, 2)])
-    jobs = [window_job(a)] if a is not None else []
+        run(1, [window_job(a)], w + "ij")
     if 1 in axes:
         b = fresh()
-        jobs.append(line_job(b, 1))
-    if jobs:
-        run(1, jobs)
-    if b is not None:
-        run(2, [window_job(b)])
+        run(1, [line_job(b, 1)])
+        run(2, [window_job(b)], w + "ik")
         a = b if a is None else torch.minimum(a, b, out=a)
         del b
-    jobs = [window_job(a)] if a is not None else []
+    if a is not None:
+        run(0, [window_job(a)], w + "i")
     if 0 in axes:
         c = fresh()
-        jobs.append(line_job(c, 0))
-    if jobs:
-        run(0, jobs)
-    layouts.pop(0, None)
-    if c is not None:
-        run(1, [window_job(c)])
-        layouts.pop(1, None)
-        run(2, [window_job(c)])
+        run(0, [line_job(c, 0)])
+        run(1, [window_job(c)], w + "kj")
+        run(2, [window_job(c)], w + "k")
         a = c if a is None else torch.minimum(a, c, out=a)
     if a is None:
         a = fresh()
@@ -992,7 +1028,9 @@ class EsdfIntegrator:
         if n_write:
             in_dom = _member(voxel_keys(site_vox >> 2), voxel_keys(domain))
             axes = (2, 1, 0) if tsdf is not None else (2,)
-            d2 = squared_distances(domain, site_vox[in_dom], site_t[in_dom], self.margin, axes, self.cpu_rows)
+            d2 = squared_distances(
+                domain, site_vox[in_dom], site_t[in_dom], self.margin, axes, self.cpu_rows, write
+            )
             d2 = d2[_member(voxel_keys(domain), voxel_keys(write))]
             dist = torch.clamp(torch.sqrt(d2) * self.voxel_size_m, max=self.max_distance_m)
             slots = self.layer.allocate(write)

@@ -24,11 +24,14 @@ gives the same bits and the Triton kernel decides exactly as the reference; only
 round (a wrong decision needs ``|T|`` below 1e-16 of its terms: an exact tie, where either choice gives
 the same values, or a near tie of ~1e-16 relative, below float32's resolution of the values).
 
-**Reading it.** A pointer walks the envelope as ``p`` grows and advances while the next parabola's
-rounded value at ``p`` is ``<=`` the current one's (the envelope's parabolas take over in order).
+**Reading it.** Entry ``k`` of the envelope takes over from entry ``k - 1`` at the first integer ``p``
+where its rounded value is ``<=`` (:func:`takeover`); the entry at ``p`` is the last one whose takeover
+points up to it are all ``<= p`` (in exact arithmetic the takeovers increase; rounding cannot make the
+two implementations differ: the kernel walks a pointer, the reference searches the running maximum).
 
 * :func:`lower_envelope_torch` - reference, vectorised over the lines (lines grouped by length, one
-  step per slot of the longest line of a group); the CPU path.
+  host step per slot of the longest line of a group to build the envelopes, then one search); the CPU
+  path.
 * :func:`mapper.kernels.triton_envelope.lower_envelope_triton` - one Triton program per 32 lines.
 * :func:`lower_envelope` - dispatch (``mapper.kernels.dispatch.use_triton``).
 """
@@ -81,63 +84,81 @@ def lower_envelope_torch(f: torch.Tensor, start: torch.Tensor, length: torch.Ten
         return out
     length = length.to(torch.int64)
     start = start.to(torch.int64)
-    # groups of lines of similar length: lengths in (2^(g-1), 2^g]
+    # groups of lines of similar length (in (2^(g-1), 2^g]), longest first within a group
     group = torch.ceil(torch.log2(length.clamp(min=1).to(torch.float64))).to(torch.int64)
     group = torch.where(length > 0, group, torch.full_like(group, -1))
     for g in torch.unique(group).tolist():
         if g < 0:
             continue
         idx = (group == g).nonzero().squeeze(1)
-        _envelope_lines(f, out, start[idx], length[idx], int(length[idx].max()))
+        idx = idx[torch.argsort(length[idx], descending=True, stable=True)]
+        _envelope_lines(f, out, start[idx], length[idx])
     return out
 
 
-def _envelope_lines(f, out, start, length, n: int) -> None:
-    """Lines ``start``/``length`` (int64 ``[L]``, lengths ``<= n``) of ``f`` -> their slots of ``out``."""
+def takeover(sv: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:
+    """First integer ``p`` where stack entry ``k`` (slot ``sv[..., k]``, value ``sf[..., k]``) is at least as
+    low as entry ``k - 1`` (float32 values, as the result), for ``k >= 1``: int64 ``[..., K - 1]``.
+
+    ``s`` = their crossing in float64 and ``c = ceil(s)``; the rounded comparison is monotone in ``p`` and
+    first holds at ``c - 1``, ``c`` or ``c + 1`` (the same expressions in the Triton kernel)."""
+    v0, v1 = sv[..., :-1], sv[..., 1:]
+    f0, f1 = sf[..., :-1], sf[..., 1:]
+    num = (f1.to(torch.float64) - f0.to(torch.float64)) + (v1 * v1 - v0 * v0).to(torch.float64)
+    den = (2 * (v1 - v0)).to(torch.float64)
+    ok = v1 > v0
+    c = torch.ceil(torch.where(ok, num / torch.where(ok, den, 1.0), 0.0)).clamp(-(1 << 40), 1 << 40)
+    c = c.to(torch.int64)
+
+    def lower(p):
+        d1, d0 = p - v1, p - v0
+        return f1 + (d1 * d1).to(torch.float32) <= f0 + (d0 * d0).to(torch.float32)
+
+    t = torch.where(lower(c), c, c + 1)
+    return torch.where(lower(c - 1), c - 1, t)
+
+
+def _envelope_lines(f, out, start, length) -> None:
+    """Lines ``start``/``length`` (int64 ``[L]``, decreasing lengths) of ``f`` -> their slots of ``out``."""
     dev = f.device
     nl = start.numel()
-    rows = torch.arange(nl, device=dev)
+    n = int(length[0])
     ar = torch.arange(n, device=dev)
     valid = ar[None, :] < length[:, None]
     pos = torch.where(valid, start[:, None] + ar[None, :], 0)
     vals = torch.where(valid, f[pos], math.inf)  # [L, n]
+    # lines still running at step q: a prefix (lengths decrease)
+    running = torch.searchsorted(-length, -ar, side="left").tolist()  # lines longer than q
     sv = torch.zeros((nl, n), dtype=torch.int64, device=dev)  # stack: slot offsets in the line
     sf = torch.zeros((nl, n), dtype=torch.float32, device=dev)  # stack: their values
     top = torch.full((nl,), -1, dtype=torch.int64, device=dev)
     for q in range(n):
-        fq = vals[:, q]
+        m = running[q]
+        fq = vals[:m, q]
         push = ~torch.isinf(fq)
         if not bool(push.any()):
             continue
         fq64 = fq.to(torch.float64)
+        tp, svm, sfm = top[:m], sv[:m], sf[:m]
         while True:
-            t1, t0 = top.clamp(min=0), (top - 1).clamp(min=0)
-            v, u = sv[rows, t1], sv[rows, t0]
+            at = torch.stack((tp - 1, tp), dim=1).clamp_(min=0)
+            uv, fuv = svm.gather(1, at), sfm.gather(1, at).to(torch.float64)
+            u, v = uv[:, 0], uv[:, 1]
             a, b = q - v, v - u
-            t = (
-                (b * fq64 + a * sf[rows, t0].to(torch.float64)) - (a + b) * sf[rows, t1].to(torch.float64)
-            ) + (a * b * (a + b)).to(torch.float64)
-            pop = push & (top >= 1) & (t <= 0)
+            t = ((b * fq64 + a * fuv[:, 0]) - (a + b) * fuv[:, 1]) + (a * b * (a + b)).to(torch.float64)
+            pop = push & (tp >= 1) & (t <= 0)
             if not bool(pop.any()):
                 break
-            top -= pop.to(torch.int64)
-        top += push.to(torch.int64)
-        at = top.clamp(min=0)
-        sv[rows, at] = torch.where(push, q, sv[rows, at])
-        sf[rows, at] = torch.where(push, fq, sf[rows, at])
-    k = torch.zeros(nl, dtype=torch.int64, device=dev)
-    res = torch.empty((nl, n), dtype=torch.float32, device=dev)
-
-    def value(kk, p):
-        d = p - sv[rows, kk]
-        return sf[rows, kk] + (d * d).to(torch.float32)
-
-    for p in range(n):
-        while True:
-            nxt = torch.minimum(k + 1, top.clamp(min=0))
-            adv = (k < top) & (value(nxt, p) <= value(k, p))
-            if not bool(adv.any()):
-                break
-            k += adv.to(torch.int64)
-        res[:, p] = torch.where(top >= 0, value(k, p), math.inf)
+            tp -= pop.to(torch.int64)
+        tp += push.to(torch.int64)
+        r = push.nonzero().squeeze(1)
+        svm[r, tp[r]] = q
+        sfm[r, tp[r]] = fq[r]
+    # the envelope's entry at p: the last k whose takeover (made non-decreasing) is <= p
+    t = takeover(sv, sf)
+    t = torch.where(torch.arange(1, n, device=dev)[None, :] <= top[:, None], t, 1 << 62)
+    t = torch.cummax(t, dim=1)[0].contiguous()
+    k = torch.searchsorted(t, ar[None, :].expand(nl, n).contiguous(), right=True)
+    d = ar[None, :] - sv.gather(1, k)
+    res = torch.where(top[:, None] >= 0, sf.gather(1, k) + (d * d).to(torch.float32), math.inf)
     out[pos[valid]] = res[valid]

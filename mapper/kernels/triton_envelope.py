@@ -3,8 +3,9 @@
 
 One program per ``BLOCK`` lines (one lane each; lines sorted by length, longest first, so a program's lanes
 run about as many steps). Each lane builds its line's envelope in a scratch stack at the line's own slots
-(``sv``: slot offsets, ``sf``: values; a stack never outgrows its line), then walks it. The pops and the
-walk's advances are ``while`` loops over the lanes that still have work.
+(``sv``: slot offsets, ``sf``: values; a stack never outgrows its line), then walks it: the entry at ``p``
+is the last one whose takeover point (:func:`mapper.kernels.envelope.takeover`) is ``<= p``. The pops and
+the walk's advances are ``while`` loops over the lanes that still have work.
 """
 
 from __future__ import annotations
@@ -76,21 +77,38 @@ def _envelope_kernel(
     while p < n:
         act = m & (p < ln) & (top >= 0)
         nxt = act & (k < top)
-        d0 = p - tl.load(sv_ptr + s + k, mask=act, other=0)
-        v0 = tl.load(sf_ptr + s + k, mask=act, other=0.0) + (d0 * d0).to(tl.float32)
-        d1 = p - tl.load(sv_ptr + s + k + 1, mask=nxt, other=0)
-        v1 = tl.load(sf_ptr + s + k + 1, mask=nxt, other=0.0) + (d1 * d1).to(tl.float32)
-        adv = nxt & (v1 <= v0)
+        adv = nxt & (_takeover(sv_ptr, sf_ptr, s, k, nxt) <= p)
         while tl.max(adv.to(tl.int32), 0) > 0:
             k = k + adv.to(tl.int32)
             nxt = act & (k < top)
-            d0 = p - tl.load(sv_ptr + s + k, mask=act, other=0)
-            v0 = tl.load(sf_ptr + s + k, mask=act, other=0.0) + (d0 * d0).to(tl.float32)
-            d1 = p - tl.load(sv_ptr + s + k + 1, mask=nxt, other=0)
-            v1 = tl.load(sf_ptr + s + k + 1, mask=nxt, other=0.0) + (d1 * d1).to(tl.float32)
-            adv = nxt & (v1 <= v0)
-        tl.store(out_ptr + s + p, v0, mask=act)
+            adv = nxt & (_takeover(sv_ptr, sf_ptr, s, k, nxt) <= p)
+        d = (p - tl.load(sv_ptr + s + k, mask=act, other=0)).to(tl.int64)
+        val = tl.load(sf_ptr + s + k, mask=act, other=0.0) + (d * d).to(tl.float32)
+        tl.store(out_ptr + s + p, val, mask=act)
         p += 1
+
+
+@triton.jit
+def _lower_at(f1, f0, v1, v0, p):
+    d1 = p - v1
+    d0 = p - v0
+    return f1 + (d1 * d1).to(tl.float32) <= f0 + (d0 * d0).to(tl.float32)
+
+
+@triton.jit
+def _takeover(sv_ptr, sf_ptr, s, k, mask):
+    """``mapper.kernels.envelope.takeover`` of stack entry ``k + 1`` over entry ``k`` (same expressions)."""
+    v0 = tl.load(sv_ptr + s + k, mask=mask, other=0).to(tl.int64)
+    v1 = tl.load(sv_ptr + s + k + 1, mask=mask, other=1).to(tl.int64)
+    f0 = tl.load(sf_ptr + s + k, mask=mask, other=0.0)
+    f1 = tl.load(sf_ptr + s + k + 1, mask=mask, other=0.0)
+    num = (f1.to(tl.float64) - f0.to(tl.float64)) + (v1 * v1 - v0 * v0).to(tl.float64)
+    den = (2 * (v1 - v0)).to(tl.float64)
+    ok = v1 > v0
+    x = tl.where(ok, num / tl.where(ok, den, 1.0), 0.0)
+    c = tl.minimum(tl.maximum(tl.ceil(x), -1099511627776.0), 1099511627776.0).to(tl.int64)
+    t = tl.where(_lower_at(f1, f0, v1, v0, c), c, c + 1)
+    return tl.where(_lower_at(f1, f0, v1, v0, c - 1), c - 1, t)
 
 
 def lower_envelope_triton(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
