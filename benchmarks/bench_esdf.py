@@ -77,6 +77,23 @@ def run(m: Map, frames, kind: str, dev, warmup: int, seconds: float = math.inf) 
     }
 
 
+def profile(m: Map, frames, n: int, dev) -> str:
+    """torch.profiler table (top 25 ops by self CPU time) of ``n`` more frames' ESDF updates."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as _profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with _profile(activities=acts) as prof:
+        for f in frames[-n:]:
+            m.integrate_depth(f[0], f[1], f[2])
+            with torch.profiler.record_function("update_esdf"):
+                m.update_esdf()
+            _sync(dev)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=48)
+    print(table, flush=True)
+    return f"profile of {n} frames (integrate_depth + update_esdf), by self CPU time:\n{table}"
+
+
 def depth_frames(n, dev, seed=0):
     cam = sim.PinholeCamera.kinect()
     return list(sim.depth_sequence(n, cam, dev, seed, max_range_m=8.0))
@@ -102,6 +119,9 @@ def main(argv=None):
     ap.add_argument("--room-frames", type=int, default=1000)
     ap.add_argument("--room-voxel", type=float, default=0.02)
     ap.add_argument("--room-seconds", type=float, default=math.inf)
+    ap.add_argument(
+        "--profile", type=int, default=0, help="profile this many ESDF updates (depth, first voxel)"
+    )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -140,6 +160,11 @@ def main(argv=None):
             m = Map(v, ("tsdf", "esdf"), dev, esdf_voxel_size_m=args.esdf_voxel, max_range_m=8.0)
             r = run(m, dframes[: args.depth_frames + args.warmup], "depth", dev, args.warmup)
             row(f"depth 640x480, TSDF {v * 100:g} cm, ESDF {args.esdf_voxel * 100:g} cm, max 2 m", r)
+            if args.profile and v == args.depth_voxels[0]:
+                try:
+                    lines.extend(["", "```", profile(m, dframes, args.profile, dev), "```", ""])
+                except Exception as e:  # the profile is an aid; never lose the measurements for it
+                    print(f"profile failed: {e!r}", flush=True)
             del m
     if "lidar" in args.parts:
         lframes = lidar_frames(args.lidar_frames + args.warmup, dev)

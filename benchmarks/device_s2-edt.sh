@@ -17,7 +17,7 @@ timeout 50 python3 -m pytest -q -x -p no:cacheprovider $XDIST -k "cuda or gpu" \
   tests/test_envelope.py tests/test_esdf.py tests/test_esdf_coarse.py > "$D/tests.log" 2>&1
 echo "tests rc=$?" >> "$D/tests.log"
 timeout 92 python3 benchmarks/bench_esdf.py --device cuda --parts depth lidar maxd room \
-  --depth-frames 20 --lidar-frames 10 --maxd-frames 15 --room-frames 1000 --room-seconds 30 \
+  --depth-frames 20 --lidar-frames 10 --maxd-frames 15 --room-frames 1000 --room-seconds 30 --profile 3 \
   --out "$D/esdf_h200.md" > "$D/bench.log" 2>&1
 echo "bench rc=$?" >> "$D/bench.log"
 tail -3 "$D/tests.log"
