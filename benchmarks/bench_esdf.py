@@ -7,6 +7,9 @@ Cases (``--parts``):
 * ``lidar``: 120 k-point scans (64 x 1875 beams, 60 m) of ``mapper.sim.outdoor_scene`` at TSDF
   ``--lidar-voxels`` with the ESDF at 10 cm;
 * ``maxd``: the depth case at TSDF 2 cm / ESDF 5 cm for ``esdf_max_distance_m`` in ``--max-distances``;
+* ``kernel``: the exact transform alone (``squared_distances``: 3 line passes + 5 lower-envelope passes)
+  on a synthetic domain (a slab of ``--kernel-bricks`` bricks with random sub-voxel sites) for
+  ``M`` = 10 / 20 / 40 / 80 voxels: the pass costs O(voxels), not O(voxels x M);
 * ``room``: a long room sequence (``--room-frames``, default 1000) at TSDF ``--room-voxel`` (2 cm) / ESDF
   5 cm, frames rendered one at a time on the device (an orbit in the indoor scene: consecutive frames
   overlap as in a real RGB-D sequence), for the peak-memory check; stops early after ``--room-seconds``
@@ -94,6 +97,28 @@ def profile(m: Map, frames, n: int, dev) -> str:
     return f"profile of {n} frames (integrate_depth + update_esdf), by self CPU time:\n{table}"
 
 
+def kernel_case(n_bricks: int, margin: int, dev, reps: int = 5) -> dict:
+    """Median ms of ``squared_distances`` over a cube of about ``n_bricks`` bricks, 1 % of voxels sites."""
+    from mapper.integrators.esdf import squared_distances
+
+    side = max(round(n_bricks ** (1 / 3)), 1)
+    r = torch.arange(side, device=dev)
+    bricks = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), dim=-1).reshape(-1, 3)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    vox = torch.randint(0, 4 * side, (max(bricks.shape[0] * 64 // 100, 1), 3), generator=g).to(dev)
+    vox = torch.unique(vox, dim=0)
+    t = (torch.rand((vox.shape[0], 9), generator=g) - 0.5).to(dev)
+    ts = []
+    for i in range(reps + 1):
+        _sync(dev)
+        t0 = time.perf_counter()
+        squared_distances(bricks, vox, t, margin)
+        _sync(dev)
+        if i:
+            ts.append((time.perf_counter() - t0) * 1e3)
+    return {"voxels": bricks.shape[0] * 64, "sites": vox.shape[0], "median": float(np.median(ts))}
+
+
 def depth_frames(n, dev, seed=0):
     cam = sim.PinholeCamera.kinect()
     return list(sim.depth_sequence(n, cam, dev, seed, max_range_m=8.0))
@@ -116,6 +141,7 @@ def main(argv=None):
     ap.add_argument("--esdf-voxel", type=float, default=0.05)
     ap.add_argument("--lidar-esdf-voxel", type=float, default=0.1)
     ap.add_argument("--max-distances", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0])
+    ap.add_argument("--kernel-bricks", type=int, default=32768)
     ap.add_argument("--room-frames", type=int, default=1000)
     ap.add_argument("--room-voxel", type=float, default=0.02)
     ap.add_argument("--room-seconds", type=float, default=math.inf)
@@ -181,6 +207,17 @@ def main(argv=None):
             r = run(m, dframes[: args.maxd_frames + args.warmup], "depth", dev, args.warmup)
             row(f"depth, TSDF 2 cm, ESDF 5 cm, max distance {md:g} m", r)
             del m
+    if "kernel" in args.parts:
+        lines += [
+            "",
+            "| transform alone: M (voxels) | domain voxels | sites | ms median |",
+            "|---|---|---|---|",
+        ]
+        for mm in (10, 20, 40, 80):
+            k = kernel_case(args.kernel_bricks, mm, dev)
+            lines.append(f"| {mm} | {k['voxels']:,} | {k['sites']:,} | {k['median']:.2f} |")
+            print(lines[-1], flush=True)
+        lines.append("")
     if "room" in args.parts:
         m = Map(args.room_voxel, ("tsdf", "esdf"), dev, esdf_voxel_size_m=args.esdf_voxel, max_range_m=8.0)
         cam = sim.PinholeCamera.kinect()
