@@ -57,7 +57,7 @@ from ..kernels.envelope import lower_envelope
 from ..layers import BrickLayer, FieldSpec, brick_in_leaf, brick_local_coords, brick_offsets
 from .common import keys_to_ijk, voxel_keys
 
-CPU_ROWS = 1 << 23  # slots per chunk of a pass on the CPU (the envelope steps once per slot of a line)
+CPU_ROWS = 1 << 17  # slots per chunk of a line pass on the CPU (int32: 512 KB per array)
 CPU_BRICKS = 1 << 11  # bricks per chunk for site extraction and distances on the CPU
 _INT32_MAX = (1 << 31) - 1
 
@@ -542,10 +542,10 @@ def _line_layout(bricks: torch.Tensor, axis: int, rows: int):
     """Slot layout of the voxels of the sorted unique ``bricks`` (``[B, 3]``) as lines along ``axis``.
 
     Each maximal run of ``n`` consecutive bricks along ``axis`` (same other two coordinates) gives 16
-    lines of ``4 n`` voxels, laid one after the other (no gaps: ``64 B`` slots). Returns ``perm`` (int64
-    ``[64 B]``: slot -> voxel index ``brick * 64 + offset``, a permutation), the lines' ``start`` and
-    ``length`` (int64 ``[L]``, in slot order) and the chunks as ``(first slot, end slot, first line, end
-    line)``; a chunk holds whole runs and about ``rows`` slots (one chunk on CUDA).
+    lines of ``4 n`` voxels, laid one after the other (no gaps: ``64 B`` slots). Returns ``perm`` (int32
+    where it fits, else int64, ``[64 B]``: slot -> voxel index ``brick * 64 + offset``, a permutation), the
+    lines' ``start`` and ``length`` (int64 ``[L]``, in slot order) and the chunks as ``(first slot, end
+    slot, first line, end line)``; a chunk holds whole runs and about ``rows`` slots (one chunk on CUDA).
     """
     dev = bricks.device
     nb = bricks.shape[0]
@@ -565,11 +565,11 @@ def _line_layout(bricks: torch.Tensor, axis: int, rows: int):
     t = torch.arange(nb, device=dev) - first[run]
     start = base[run] + 4 * t
     step = line[run]
-    perm = torch.empty(nb * 64, dtype=torch.int64, device=dev)
+    perm = torch.empty(nb * 64, dtype=_index_dtype(nb * 64), device=dev)
     ar64 = torch.arange(64, device=dev)
     for sl in _chunks(nb, dev, CPU_BRICKS):
         pos = start[sl, None] + sub[None, :] * step[sl, None] + local[None, :, axis]
-        perm[pos.reshape(-1)] = (order[sl, None] * 64 + ar64).reshape(-1)
+        perm[pos.reshape(-1)] = (order[sl, None] * 64 + ar64).reshape(-1).to(perm.dtype)
     ar16 = torch.arange(16, device=dev)
     starts = (base[:, None] + ar16[None, :] * line[:, None]).reshape(-1)
     lengths = line[:, None].expand(-1, 16).reshape(-1)
@@ -584,17 +584,22 @@ def _line_layout(bricks: torch.Tensor, axis: int, rows: int):
     return perm, starts, lengths, list(zip(bounds[:-1], bounds[1:], lines[:-1], lines[1:], strict=True))
 
 
+def _index_dtype(n: int) -> torch.dtype:
+    """int32 for indices below ``n`` where they and the line passes' ``+-2^30`` sentinels fit, else int64."""
+    return torch.int32 if n < (1 << 30) else torch.int64
+
+
 def _nearest_marked(
     has: torch.Tensor, ar: torch.Tensor, far: int, by_count: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """For every slot, the nearest slot strictly left / right with ``has`` set (int64; ``-far`` / ``far``
-    where none). Two equivalent forms (the same integers): on CUDA a prefix count and a lookup, because
-    a scan with indices (``torch.cummax``) runs one row per block there (~100x slower on a long row); on
-    the CPU the running max/min, which is 2x cheaper than the count and lookup (``by_count``: force)."""
+    """For every slot, the nearest slot strictly left / right with ``has`` set (``ar``'s dtype; ``-far`` /
+    ``far`` where none). Two equivalent forms (the same integers): on CUDA a prefix count and a lookup,
+    because a scan with indices (``torch.cummax``) runs one row per block there (~100x slower on a long
+    row); on the CPU the running max/min, 2x cheaper than the count and lookup (``by_count``: force)."""
     if by_count if by_count is not None else has.device.type == "cuda":
-        count = torch.cumsum(has, 0)
-        pos = has.nonzero().squeeze(1)
-        left = torch.cat((pos.new_full((1,), -far), pos))[count - has.to(torch.int64)]
+        count = torch.cumsum(has, 0, dtype=ar.dtype)
+        pos = has.nonzero().squeeze(1).to(ar.dtype)
+        left = torch.cat((pos.new_full((1,), -far), pos))[count - has.to(ar.dtype)]
         right = torch.cat((pos, pos.new_full((1,), far)))[count]
         return left, right
     left = torch.cummax(torch.where(has, ar, -far), 0)[0]
@@ -618,10 +623,12 @@ def _line_min(
     bits wherever they sit in the layout; inf where the line has no crossing.
     """
     n = lo.numel()
-    far = 1 << 40  # "no voxel"
-    ar = torch.arange(n, device=lo.device)
+    idt = _index_dtype(n)
+    far = 1 << 30 if idt == torch.int32 else 1 << 40  # "no voxel"
+    ar = torch.arange(n, dtype=idt, device=lo.device)
     has = ~torch.isnan(lo)
     left, right = _nearest_marked(has, ar, far)
+    start, length = start.to(idt), length.to(idt)
     ls = torch.repeat_interleave(start, length, output_size=n)
     le = ls + torch.repeat_interleave(length, length, output_size=n)
     dl = (ar - left).to(torch.float32) - hi[left.clamp(0, n - 1)]
@@ -702,15 +709,13 @@ def squared_distances(
 
     def layout(axis, name=""):
         sub = subset(name)
-        key = (axis, "" if sub is None else name)
-        if key not in layouts:
-            if sub is None:
-                layouts[key] = _line_layout(bricks, axis, rows)
-            else:
-                perm, starts, lengths, chunks = _line_layout(sub, axis, rows)
-                row = torch.searchsorted(keys, voxel_keys(sub))  # subset brick -> domain brick
-                layouts[key] = (row[perm >> 6] * 64 + (perm & 63), starts, lengths, chunks)
-        return layouts[key]
+        if sub is not None:  # used once: not kept
+            perm, starts, lengths, chunks = _line_layout(sub, axis, rows)
+            row = torch.searchsorted(keys, voxel_keys(sub)).to(perm.dtype)  # subset brick -> domain brick
+            return (row[perm >> 6] * 64 + (perm & 63), starts, lengths, chunks)
+        if axis not in layouts:
+            layouts[axis] = _line_layout(bricks, axis, rows)
+        return layouts[axis]
 
     def crossings(axis):
         out = []
@@ -722,10 +727,12 @@ def squared_distances(
 
     def run(axis, jobs, name=""):
         perm, starts, lengths, chunks = layout(axis, name)
-        for s, e, l0, l1 in chunks:
-            idx = perm[s:e]  # the chunk's voxels in slot order; its lines, relative to the chunk
-            for job in jobs:
-                job(idx, starts[l0:l1] - s, lengths[l0:l1])
+        whole = (0, perm.numel(), 0, starts.numel())
+        for job in jobs:
+            # line passes in chunks of ``rows`` slots (bounded temporaries); an envelope pass at once (its
+            # host loop steps once per slot of a line: chunks would repeat it; it bounds its own batches)
+            for s, e, l0, l1 in chunks if job.chunked else [whole]:
+                job(perm[s:e], starts[l0:l1] - s, lengths[l0:l1])  # voxels in slot order, lines in the chunk
 
     def line_job(out, axis):
         lo, hi, near = crossings(axis)
@@ -733,12 +740,14 @@ def squared_distances(
         def job(idx, start, length):
             out[idx] = _line_min(lo[idx], hi[idx], near[idx], start, length)
 
+        job.chunked = True
         return job
 
     def window_job(arr):
         def job(idx, start, length):
             arr[idx] = lower_envelope(arr[idx], start, length)
 
+        job.chunked = False
         return job
 
     def fresh():
@@ -761,6 +770,7 @@ def squared_distances(
     if 0 in axes:
         c = fresh()
         run(0, [line_job(c, 0)])
+        layouts.clear()
         run(1, [window_job(c)], w + "kj")
         run(2, [window_job(c)], w + "k")
         a = c if a is None else torch.minimum(a, c, out=a)
@@ -777,7 +787,7 @@ class EsdfIntegrator:
         voxel_size_m: the ESDF's voxel edge (metres), ``>=`` the source layers' voxel.
         max_distance_m: distances beyond this are stored as this value (with their sign).
         device: where the layer lives.
-        cpu_rows: slots per chunk of a transform pass on the CPU (bounds the temporaries; results do not
+        cpu_rows: slots per chunk of a line pass on the CPU (bounds the temporaries; results do not
             depend on it).
         source_voxel_size_m: the TSDF / occupancy voxel edge (default: ``voxel_size_m``).
     """

@@ -45,6 +45,8 @@ import torch
 from ..errors import InvalidArgument, InvalidArgumentType
 from .dispatch import use_triton
 
+BATCH_SLOTS = 1 << 18  # slots per batch of lines in the torch reference (its temporaries: ~100 B a slot)
+
 
 def _check(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor):
     if f.dtype != torch.float32 or f.dim() != 1:
@@ -92,7 +94,10 @@ def lower_envelope_torch(f: torch.Tensor, start: torch.Tensor, length: torch.Ten
             continue
         idx = (group == g).nonzero().squeeze(1)
         idx = idx[torch.argsort(length[idx], descending=True, stable=True)]
-        _envelope_lines(f, out, start[idx], length[idx])
+        step = max(BATCH_SLOTS >> g, 1)  # lines per batch: bounded temporaries
+        for b in range(0, idx.numel(), step):
+            sel = idx[b : b + step]
+            _envelope_lines(f, out, start[sel], length[sel])
     return out
 
 
