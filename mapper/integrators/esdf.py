@@ -941,7 +941,7 @@ class EsdfIntegrator:
             raise InvalidArgumentType(f"dirty: expected integer brick coordinates, got {t.dtype}")
         return t.to(device=self.device, dtype=torch.int64)
 
-    def _sites(self, tsdf, occ, region):
+    def _sites(self, tsdf, occ, region, near=None):
         """Site voxels (ESDF lattice) and their crossings ``[S, 9]`` in ``region`` (None: all)."""
         src = tsdf if tsdf is not None else occ
         if src is None:
@@ -957,9 +957,7 @@ class EsdfIntegrator:
             return vox, edge_sites(t)
         fine = _unique_bricks(src.brick_table()[0])
         if region is not None:  # fine bricks within 2 ESDF bricks of the region: every source of its sites
-            near = _dilate_bricks(region, 2)
-            at = torch.floor((fine.to(torch.float64) * 4 + 0.5) / self.ratio).to(torch.int64) >> 2
-            fine = fine[_member(voxel_keys(at), voxel_keys(near))]
+            fine = fine[self._fine_near(fine, self._near_keys(region) if near is None else near)]
         if tsdf is not None:
             vox, t = coarse_tsdf_sites(tsdf, fine, self.ratio)
         else:
@@ -969,7 +967,20 @@ class EsdfIntegrator:
             vox, t = vox[keep], t[keep]
         return vox, t
 
-    def _observed_candidates(self, tsdf, occ, free, region) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fine_near(self, fine: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
+        """bool ``[F]``: which fine bricks have their home ESDF brick (the one holding their first voxel's
+        centre) in ``near`` (sorted keys of the region grown by 2 bricks): every fine brick whose samples an
+        ESDF voxel of the region can read (sites: pad 2 fine voxels; signs: the 8 corners; ``ratio > 1``)."""
+        at = torch.floor((fine.to(torch.float64) * 4 + 0.5) / self.ratio).to(torch.int64) >> 2
+        return _member(voxel_keys(at), near)
+
+    def _near_keys(self, region):
+        """Sorted keys of ``region`` grown by 2 bricks (None: no region, or the same lattice)."""
+        if region is None or self.same_lattice:
+            return None
+        return voxel_keys(_dilate_bricks(region, 2))
+
+    def _observed_candidates(self, tsdf, occ, free, region, near=None) -> tuple[torch.Tensor, torch.Tensor]:
         """ESDF bricks that may hold an observed voxel (sorted unique), in ``region`` (None: all), and
         which of them the source layers can reach (the others are known through the free record only)."""
         parts = []
@@ -977,7 +988,10 @@ class EsdfIntegrator:
             if la is None or la.grid.num_leaves == 0:
                 continue
             b = la.brick_table()[0]
-            parts.append(b if self.same_lattice else fine_to_coarse_bricks(_unique_bricks(b), self.ratio, 1))
+            if not self.same_lattice:  # only the fine bricks near the region (not the whole map's)
+                b = _unique_bricks(b if near is None else b[self._fine_near(b, near)])
+                b = fine_to_coarse_bricks(b, self.ratio, 1)
+            parts.append(b)
         src = (
             _unique_bricks(torch.cat(parts))
             if parts
@@ -1016,9 +1030,10 @@ class EsdfIntegrator:
         Stored: the bricks with an observed voxel that lie within ``Rb`` bricks of a site brick; computed:
         (site bricks + Rb) and (observed bricks + Rb), which holds every intermediate value of the
         separable transform for a stored voxel and every site within ``M`` of it (exact values)."""
-        site_vox, site_t = self._sites(tsdf, occ, region)
+        near = self._near_keys(region)
+        site_vox, site_t = self._sites(tsdf, occ, region, near)
         site_bricks = _unique_bricks(site_vox >> 2)
-        cand, near_src = self._observed_candidates(tsdf, occ, free, region)
+        cand, near_src = self._observed_candidates(tsdf, occ, free, region, near)
         inside, observed = self._sign_observed(tsdf, occ, free, cand, near_src)
         seen = observed.any(dim=1)
         obs_bricks = cand[seen]
