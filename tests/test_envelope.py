@@ -107,3 +107,33 @@ def test_argument_errors():
         lower_envelope(f, s.float(), s)
     with pytest.raises(InvalidArgument, match="differ"):
         lower_envelope(f, s, torch.tensor([1, 2]))
+
+
+def test_transform_on_needed_bricks_equals_full(device):
+    """``squared_distances(..., out_bricks=W)`` runs the envelope passes only on ``W`` grown along the
+    passes still to come; on ``W`` it must give the full transform's bits wherever the value is within
+    the margin, and a value beyond the margin where the full one is beyond it."""
+    from mapper.integrators.common import voxel_keys
+    from mapper.integrators.esdf import squared_distances
+
+    g = torch.Generator().manual_seed(5)
+    side, margin = 7, 6
+    r = torch.arange(side)
+    bricks = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), dim=-1).reshape(-1, 3)
+    bricks = bricks[torch.rand(bricks.shape[0], generator=g) < 0.8]  # holes: lines of several runs
+    bricks = bricks[torch.argsort(voxel_keys(bricks))]
+    vox = torch.unique(torch.randint(0, 4 * side, (120, 3), generator=g), dim=0)
+    vox = vox[torch.isin(voxel_keys(vox >> 2), voxel_keys(bricks))]
+    t = torch.rand((vox.shape[0], 9), generator=g) - 0.5
+    t[torch.rand(t.shape, generator=g) < 0.5] = float("nan")
+    w = bricks[torch.rand(bricks.shape[0], generator=g) < 0.1]
+    bricks, vox, t, w = (x.to(device) for x in (bricks, vox, t, w))
+    full = squared_distances(bricks, vox, t, margin)
+    part = squared_distances(bricks, vox, t, margin, out_bricks=w)
+    rows = torch.searchsorted(voxel_keys(bricks), voxel_keys(w))
+    a, b = full[rows].cpu(), part[rows].cpu()
+    cap = (margin - 0.5) ** 2
+    near = a <= cap
+    assert near.any() and (~near).any()
+    assert torch.equal(a[near], b[near])
+    assert (b[~near] > cap).all()
