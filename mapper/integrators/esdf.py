@@ -59,7 +59,6 @@ from .common import keys_to_ijk, voxel_keys
 
 CPU_ROWS = 1 << 17  # slots per chunk of a line pass on the CPU (int32: 512 KB per array)
 CPU_BRICKS = 1 << 11  # bricks per chunk for site extraction and distances on the CPU
-_INT32_MAX = (1 << 31) - 1
 
 
 def esdf_fields(max_distance_m: float) -> dict[str, FieldSpec]:
