@@ -6,7 +6,14 @@ Cases (``--parts``):
   space from the rays' free record), ESDF updated after every frame;
 * ``lidar``: 120 k-point scans (64 x 1875 beams, 60 m) of ``mapper.sim.outdoor_scene`` at TSDF
   ``--lidar-voxels`` with the ESDF at 10 cm;
-* ``maxd``: the depth case at TSDF 2 cm / ESDF 5 cm for ``esdf_max_distance_m`` in ``--max-distances``.
+* ``maxd``: the depth case at TSDF 2 cm / ESDF 5 cm for ``esdf_max_distance_m`` in ``--max-distances``;
+* ``kernel``: the exact transform alone (``squared_distances``: 3 line passes + 5 lower-envelope passes)
+  on a synthetic domain (a slab of ``--kernel-bricks`` bricks with random sub-voxel sites) for
+  ``M`` = 10 / 20 / 40 / 80 voxels: the pass costs O(voxels), not O(voxels x M);
+* ``room``: a long room sequence (``--room-frames``, default 1000) at TSDF ``--room-voxel`` (2 cm) / ESDF
+  5 cm, frames rendered one at a time on the device (an orbit in the indoor scene: consecutive frames
+  overlap as in a real RGB-D sequence), for the peak-memory check; stops early after ``--room-seconds``
+  and says how many frames it ran.
 
 Frames are generated on the device. Per frame: ``integrate_*`` + ``update_esdf`` timed together (CUDA
 events or perf_counter, host syncs included), after ``--warmup`` frames; ``esdf`` = the update alone
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import math
 import platform
 import sys
 import time
@@ -35,11 +43,14 @@ def _sync(dev):
         torch.cuda.synchronize()
 
 
-def run(m: Map, frames, kind: str, dev, warmup: int) -> dict:
+def run(m: Map, frames, kind: str, dev, warmup: int, seconds: float = math.inf) -> dict:
     tot, esdf = [], []
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
     for i, f in enumerate(frames):
+        if time.perf_counter() - start > seconds:
+            break
         _sync(dev)
         t0 = time.perf_counter()
         if kind == "lidar":
@@ -69,6 +80,45 @@ def run(m: Map, frames, kind: str, dev, warmup: int) -> dict:
     }
 
 
+def profile(m: Map, frames, n: int, dev) -> str:
+    """torch.profiler table (top 25 ops by self CPU time) of ``n`` more frames' ESDF updates."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as _profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with _profile(activities=acts) as prof:
+        for f in frames[-n:]:
+            m.integrate_depth(f[0], f[1], f[2])
+            with torch.profiler.record_function("update_esdf"):
+                m.update_esdf()
+            _sync(dev)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=48)
+    print(table, flush=True)
+    return f"profile of {n} frames (integrate_depth + update_esdf), by self CPU time:\n{table}"
+
+
+def kernel_case(n_bricks: int, margin: int, dev, reps: int = 5) -> dict:
+    """Median ms of ``squared_distances`` over a cube of about ``n_bricks`` bricks, 1 % of voxels sites."""
+    from mapper.integrators.esdf import squared_distances
+
+    side = max(round(n_bricks ** (1 / 3)), 1)
+    r = torch.arange(side, device=dev)
+    bricks = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), dim=-1).reshape(-1, 3)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    vox = torch.randint(0, 4 * side, (max(bricks.shape[0] * 64 // 100, 1), 3), generator=g).to(dev)
+    vox = torch.unique(vox, dim=0)
+    t = (torch.rand((vox.shape[0], 9), generator=g) - 0.5).to(dev)
+    ts = []
+    for i in range(reps + 1):
+        _sync(dev)
+        t0 = time.perf_counter()
+        squared_distances(bricks, vox, t, margin)
+        _sync(dev)
+        if i:
+            ts.append((time.perf_counter() - t0) * 1e3)
+    return {"voxels": bricks.shape[0] * 64, "sites": vox.shape[0], "median": float(np.median(ts))}
+
+
 def depth_frames(n, dev, seed=0):
     cam = sim.PinholeCamera.kinect()
     return list(sim.depth_sequence(n, cam, dev, seed, max_range_m=8.0))
@@ -91,6 +141,13 @@ def main(argv=None):
     ap.add_argument("--esdf-voxel", type=float, default=0.05)
     ap.add_argument("--lidar-esdf-voxel", type=float, default=0.1)
     ap.add_argument("--max-distances", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0])
+    ap.add_argument("--kernel-bricks", type=int, default=32768)
+    ap.add_argument("--room-frames", type=int, default=1000)
+    ap.add_argument("--room-voxel", type=float, default=0.02)
+    ap.add_argument("--room-seconds", type=float, default=math.inf)
+    ap.add_argument(
+        "--profile", type=int, default=0, help="profile this many ESDF updates (depth, first voxel)"
+    )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -118,6 +175,9 @@ def main(argv=None):
         )
         lines.append(line)
         print(line, flush=True)
+        if args.out:  # after every case: a run cut short keeps what it measured
+            with open(args.out, "w") as fh:
+                fh.write("\n".join(lines) + "\n")
 
     if "depth" in args.parts or "maxd" in args.parts:
         dframes = depth_frames(max(args.depth_frames, args.maxd_frames) + args.warmup, dev)
@@ -126,6 +186,11 @@ def main(argv=None):
             m = Map(v, ("tsdf", "esdf"), dev, esdf_voxel_size_m=args.esdf_voxel, max_range_m=8.0)
             r = run(m, dframes[: args.depth_frames + args.warmup], "depth", dev, args.warmup)
             row(f"depth 640x480, TSDF {v * 100:g} cm, ESDF {args.esdf_voxel * 100:g} cm, max 2 m", r)
+            if args.profile and v == args.depth_voxels[0]:
+                try:
+                    lines.extend(["", "```", profile(m, dframes, args.profile, dev), "```", ""])
+                except Exception as e:  # the profile is an aid; never lose the measurements for it
+                    print(f"profile failed: {e!r}", flush=True)
             del m
     if "lidar" in args.parts:
         lframes = lidar_frames(args.lidar_frames + args.warmup, dev)
@@ -142,6 +207,28 @@ def main(argv=None):
             r = run(m, dframes[: args.maxd_frames + args.warmup], "depth", dev, args.warmup)
             row(f"depth, TSDF 2 cm, ESDF 5 cm, max distance {md:g} m", r)
             del m
+    if "kernel" in args.parts:
+        lines += [
+            "",
+            "| transform alone: M (voxels) | domain voxels | sites | ms median |",
+            "|---|---|---|---|",
+        ]
+        for mm in (10, 20, 40, 80):
+            k = kernel_case(args.kernel_bricks, mm, dev)
+            lines.append(f"| {mm} | {k['voxels']:,} | {k['sites']:,} | {k['median']:.2f} |")
+            print(lines[-1], flush=True)
+        lines.append("")
+    if "room" in args.parts:
+        m = Map(args.room_voxel, ("tsdf", "esdf"), dev, esdf_voxel_size_m=args.esdf_voxel, max_range_m=8.0)
+        cam = sim.PinholeCamera.kinect()
+        seq = sim.depth_sequence(args.room_frames, cam, dev, 1, max_range_m=8.0)  # lazy: one frame at a time
+        r = run(m, seq, "depth", dev, args.warmup, args.room_seconds)
+        row(
+            f"room sequence ({r['frames'] + args.warmup} of {args.room_frames} frames), TSDF "
+            f"{args.room_voxel * 100:g} cm, ESDF {args.esdf_voxel * 100:g} cm, max 2 m",
+            r,
+        )
+        del m
     text = "\n".join(lines) + "\n"
     if args.out:
         with open(args.out, "w") as fh:

@@ -25,20 +25,22 @@ bricks (box) of a brick with a site voxel: every voxel within ``M`` of a site vo
 
 **Transform.** Crossings on the lines along axis ``a`` form orientation ``a``. For each orientation: a
 1-D pass along ``a`` (nearest crossing on the line, by a cumulative max/min of the nearest voxel with a
-crossing on each side) followed by min-plus passes ``g(p) = min_{|d| <= M} f(p + d) + d^2`` along the
-other two axes; the result is the minimum over the orientations. Orientations k and j share their last
-pass: k, j(k) + j, k(j), i(min) + i, j(i), k(i): 3 line passes and 5 min-plus passes (1 and 2 for an
-occupancy map, whose centres are k-line points). Each pass lays the domain's voxels out line by line:
-bricks sorted by the two other axes, each run of ``n`` consecutive bricks giving 16 lines of ``4 n``
-voxels, each line followed by ``M + 1`` empty slots, so a min-plus pass is ``M`` rounds of three
-element-wise ops on shifted slices of one flat array (no sort of voxels, no gathers inside the rounds).
-Work: ``O(N M)`` per min-plus pass and ``O(N)`` per line pass for ``N`` domain voxels; on the CPU the
-lines are processed in chunks of ``cpu_rows`` slots (bounded temporaries, same results).
+crossing on each side) followed by exact 1-D squared-distance passes ``g(p) = min_q f(q) + (p - q)^2``
+along the other two axes, computed as the lower envelope of parabolas (Felzenszwalb-Huttenlocher,
+:mod:`mapper.kernels.envelope`: ``O(n)`` per line of ``n`` voxels, a Triton kernel on CUDA); the result
+is the minimum over the orientations. Orientations k and j share their last pass: k, j(k) + j, k(j),
+i(min) + i, j(i), k(i): 3 line passes and 5 envelope passes (1 and 2 for an occupancy map, whose centres
+are k-line points). Each pass lays the voxels out line by line (bricks sorted by the two other axes, each
+run of ``n`` consecutive bricks giving 16 lines of ``4 n`` voxels). Work: ``O(N)`` per pass for ``N``
+voxels, whatever the max distance; the envelope passes run only on the bricks the stored ones need (the
+stored bricks grown by ``Rb`` along the passes still to come, see :func:`squared_distances`).
 
 **Incremental == cold**, bit for bit: a value depends only on the crossings whose site voxels lie within
 ``M`` (box) of the voxel, on the voxel's own source values, and on intermediate values on the lines
 between the two, which are inside that box; every float is formed element-wise from the same operands
-(integer slot differences, never absolute positions), and minima are exact. ``update`` recomputes the
+(integer slot differences, never absolute positions), and minima are exact (an envelope pass returns the
+exact minimum of the float32 candidates of its line; a line cut shorter by the domain loses only candidates
+farther than ``M``, whose values clamp to the max distance either way). ``update`` recomputes the
 bricks that a change can reach with everything they need (see the margins in ``update``).
 """
 
@@ -51,13 +53,12 @@ import torch
 
 from ..errors import InvalidArgument, InvalidArgumentType
 from ..grid import IndexGrid
-from ..kernels.dispatch import use_triton
+from ..kernels.envelope import lower_envelope
 from ..layers import BrickLayer, FieldSpec, brick_in_leaf, brick_local_coords, brick_offsets
 from .common import keys_to_ijk, voxel_keys
 
-CPU_ROWS = 1 << 17  # slots per chunk of a pass on the CPU (int32: 512 KB per array)
+CPU_ROWS = 1 << 17  # slots per chunk of a line pass on the CPU (int32: 512 KB per array)
 CPU_BRICKS = 1 << 11  # bricks per chunk for site extraction and distances on the CPU
-_INT32_MAX = (1 << 31) - 1
 
 
 def esdf_fields(max_distance_m: float) -> dict[str, FieldSpec]:
@@ -536,15 +537,14 @@ def coarse_sign_observed(tsdf, occ, free, bricks: torch.Tensor, ratio: float, ro
 
 
 # ----------------------------------------------------------------------------------------- transform
-def _line_layout(bricks: torch.Tensor, axis: int, pad: int, rows: int):
+def _line_layout(bricks: torch.Tensor, axis: int, rows: int):
     """Slot layout of the voxels of the sorted unique ``bricks`` (``[B, 3]``) as lines along ``axis``.
 
     Each maximal run of ``n`` consecutive bricks along ``axis`` (same other two coordinates) gives 16
-    lines of ``4 n`` voxels, each followed by ``pad`` empty slots. Returns ``perm`` (``[P]``, int32 where
-    it fits, else int64: slot -> voxel index ``brick * 64 + offset``, ``64 B`` for an empty slot),
-    ``real`` (same dtype: the slots that hold a voxel, increasing) and the chunks as ``(first slot, end
-    slot, first index into real, end index into real)``; a chunk holds whole runs and about ``rows``
-    slots (one chunk on CUDA).
+    lines of ``4 n`` voxels, laid one after the other (no gaps: ``64 B`` slots). Returns ``perm`` (int32
+    where it fits, else int64, ``[64 B]``: slot -> voxel index ``brick * 64 + offset``, a permutation), the
+    lines' ``start`` and ``length`` (int64 ``[L]``, in slot order) and the chunks as ``(first slot, end
+    slot, first line, end line)``; a chunk holds whole runs and about ``rows`` slots (one chunk on CUDA).
     """
     dev = bricks.device
     nb = bricks.shape[0]
@@ -557,71 +557,48 @@ def _line_layout(bricks: torch.Tensor, axis: int, pad: int, rows: int):
     run = torch.cumsum(new, 0) - 1
     first = new.nonzero().squeeze(1)
     count = torch.diff(first, append=first.new_tensor([nb]))
-    line = 4 * count + pad  # a line of the run and its trailing empty slots
-    size = 16 * line
-    base = torch.cumsum(size, 0) - size
-    total = int(base[-1] + size[-1])
-    dtype = torch.int32 if total < _INT32_MAX and nb * 64 < _INT32_MAX else torch.int64
-    local = brick_local_coords(dev).to(dtype)
+    line = 4 * count  # voxels per line of the run
+    base = torch.cumsum(64 * count, 0) - 64 * count
+    local = brick_local_coords(dev)
     sub = local[:, u] * 4 + local[:, v]
     t = torch.arange(nb, device=dev) - first[run]
-    start = (base[run] + 4 * t).to(dtype)
-    step = line[run].to(dtype)
-    voxel = order.to(dtype) * 64
-    perm = torch.full((total,), nb * 64, dtype=dtype, device=dev)
-    ar64 = torch.arange(64, dtype=dtype, device=dev)
+    start = base[run] + 4 * t
+    step = line[run]
+    perm = torch.empty(nb * 64, dtype=_index_dtype(nb * 64), device=dev)
+    ar64 = torch.arange(64, device=dev)
     for sl in _chunks(nb, dev, CPU_BRICKS):
         pos = start[sl, None] + sub[None, :] * step[sl, None] + local[None, :, axis]
-        perm[pos.reshape(-1).to(torch.int64)] = (voxel[sl, None] + ar64).reshape(-1)
-    real = (perm < nb * 64).nonzero().squeeze(1).to(dtype)  # the slots that hold a voxel, increasing
+        perm[pos.reshape(-1)] = (order[sl, None] * 64 + ar64).reshape(-1).to(perm.dtype)
+    ar16 = torch.arange(16, device=dev)
+    starts = (base[:, None] + ar16[None, :] * line[:, None]).reshape(-1)
+    lengths = line[:, None].expand(-1, 16).reshape(-1)
+    total = nb * 64
     if dev.type == "cuda" or total <= rows:
-        return perm, real, [(0, total, 0, real.numel())]
+        return perm, starts, lengths, [(0, total, 0, starts.numel())]
     cut = torch.ones(base.numel(), dtype=torch.bool, device=dev)
     cut[1:] = (base[1:] // rows) != (base[:-1] // rows)
-    bounds = torch.cat((base[cut], base.new_tensor([total])))
-    rb = torch.searchsorted(real, bounds).tolist()
-    bounds = bounds.tolist()
-    return perm, real, list(zip(bounds[:-1], bounds[1:], rb[:-1], rb[1:], strict=True))
+    run0 = cut.nonzero().squeeze(1)
+    bounds = torch.cat((base[run0], base.new_tensor([total]))).tolist()
+    lines = torch.cat((run0 * 16, run0.new_tensor([starts.numel()]))).tolist()
+    return perm, starts, lengths, list(zip(bounds[:-1], bounds[1:], lines[:-1], lines[1:], strict=True))
 
 
-def _window_min(f: torch.Tensor, w: int) -> torch.Tensor:
-    """:func:`_window_min_torch`; one Triton launch on CUDA (``mapper.kernels.triton_minplus``)."""
-    if use_triton(f.device):
-        from ..kernels.triton_minplus import window_min_triton
-
-        return window_min_triton(f, w)
-    return _window_min_torch(f, w)
-
-
-def _window_min_torch(f: torch.Tensor, w: int) -> torch.Tensor:
-    """``min_{|d| <= w} f[p + d] + d^2`` over a float32 slot chunk that starts with ``w`` empty slots and
-    whose lines are each followed by ``>= w`` empty slots (inf), so shifted slices never mix lines. The
-    first and last ``w`` results are garbage (empty slots)."""
-    n = f.numel()
-    best = f.clone()
-    tmp = torch.empty_like(f)
-    for d in range(1, w + 1):
-        m = n - 2 * d
-        if m <= 0:
-            break
-        t = tmp[:m]
-        torch.minimum(f[2 * d :], f[:m], out=t)
-        t += float(d * d)
-        torch.minimum(best[d : n - d], t, out=best[d : n - d])
-    return best
+def _index_dtype(n: int) -> torch.dtype:
+    """int32 for indices below ``n`` where they and the line passes' ``+-2^30`` sentinels fit, else int64."""
+    return torch.int32 if n < (1 << 30) else torch.int64
 
 
 def _nearest_marked(
     has: torch.Tensor, ar: torch.Tensor, far: int, by_count: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """For every slot, the nearest slot strictly left / right with ``has`` set (int32; ``-far`` / ``far``
-    where none). Two equivalent forms (the same integers): on CUDA a prefix count and a lookup, because
-    a scan with indices (``torch.cummax``) runs one row per block there (~100x slower on a long row); on
-    the CPU the running max/min, which is 2x cheaper than the count and lookup (``by_count``: force)."""
+    """For every slot, the nearest slot strictly left / right with ``has`` set (``ar``'s dtype; ``-far`` /
+    ``far`` where none). Two equivalent forms (the same integers): on CUDA a prefix count and a lookup,
+    because a scan with indices (``torch.cummax``) runs one row per block there (~100x slower on a long
+    row); on the CPU the running max/min, 2x cheaper than the count and lookup (``by_count``: force)."""
     if by_count if by_count is not None else has.device.type == "cuda":
-        count = torch.cumsum(has, 0, dtype=torch.int32)
-        pos = has.nonzero().squeeze(1).to(torch.int32)
-        left = torch.cat((pos.new_full((1,), -far), pos))[count - has.to(torch.int32)]
+        count = torch.cumsum(has, 0, dtype=ar.dtype)
+        pos = has.nonzero().squeeze(1).to(ar.dtype)
+        left = torch.cat((pos.new_full((1,), -far), pos))[count - has.to(ar.dtype)]
         right = torch.cat((pos, pos.new_full((1,), far)))[count]
         return left, right
     left = torch.cummax(torch.where(has, ar, -far), 0)[0]
@@ -631,24 +608,32 @@ def _nearest_marked(
     return left, right
 
 
-def _line_min(lo: torch.Tensor, hi: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
+def _line_min(
+    lo: torch.Tensor, hi: torch.Tensor, near: torch.Tensor, start: torch.Tensor, length: torch.Tensor
+) -> torch.Tensor:
     """Squared 1-D distance from every slot to the nearest crossing on its line, float32.
 
-    ``lo`` / ``hi`` / ``near`` (float32, NaN = none): the slot's leftmost, rightmost and nearest crossing
-    as signed offsets (voxels, in ``[-1/2, 1/2]``) along the line. A voxel's crossings lie within half a
+    ``lo`` / ``hi`` / ``near`` (float32 ``[P]``, NaN = none): the slot's leftmost, rightmost and nearest
+    crossing as signed offsets (voxels, in ``[-1/2, 1/2]``) along the line; the lines (int64 ``start`` /
+    ``length``, ``[L]``) cover the ``P`` slots one after the other. A voxel's crossings lie within half a
     voxel of it, so the nearest crossing left of a slot belongs to the slot itself or to the nearest voxel
-    on the left that has one (its rightmost crossing), and symmetrically on the right. Distances are formed
-    from the integer slot difference and the offsets only, so equal lines give equal bits wherever they
-    sit in the layout. Lines are separated by empty slots; a value that reaches across them is larger than
-    the margin.
+    on the left of its line that has one (its rightmost crossing), and symmetrically on the right.
+    Distances are formed from the integer slot difference and the offsets only, so equal lines give equal
+    bits wherever they sit in the layout; inf where the line has no crossing.
     """
     n = lo.numel()
-    far = 1 << 30  # "no voxel": its distances are huge (or NaN, which fmin ignores)
-    ar = torch.arange(n, dtype=torch.int32, device=lo.device)
+    idt = _index_dtype(n)
+    far = 1 << 30 if idt == torch.int32 else 1 << 40  # "no voxel"
+    ar = torch.arange(n, dtype=idt, device=lo.device)
     has = ~torch.isnan(lo)
     left, right = _nearest_marked(has, ar, far)
-    dl = (ar - left).to(torch.float32) - hi[left.clamp(min=0)]
-    dr = (right - ar).to(torch.float32) + lo[right.clamp(max=n - 1)]
+    start, length = start.to(idt), length.to(idt)
+    ls = torch.repeat_interleave(start, length, output_size=n)
+    le = ls + torch.repeat_interleave(length, length, output_size=n)
+    dl = (ar - left).to(torch.float32) - hi[left.clamp(0, n - 1)]
+    dr = (right - ar).to(torch.float32) + lo[right.clamp(0, n - 1)]
+    dl = torch.where(left >= ls, dl, math.nan)  # none on this line
+    dr = torch.where(right < le, dr, math.nan)
     best = torch.fmin(torch.fmin(dl * dl, dr * dr), near * near)
     return torch.nan_to_num_(best, nan=math.inf)
 
@@ -660,6 +645,7 @@ def squared_distances(
     margin: int,
     axes: tuple[int, ...] = (2, 1, 0),
     rows: int = CPU_ROWS,
+    out_bricks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Exact squared Euclidean distance (voxels^2) from every voxel centre of a brick domain to the
     nearest crossing point.
@@ -670,27 +656,64 @@ def squared_distances(
             axis ``a``: columns ``3a, 3a + 1, 3a + 2`` = leftmost, rightmost and nearest crossing on the
             line through the centre along ``a``, as signed offsets in ``[-1/2, 1/2]`` voxels (NaN = none;
             see :func:`edge_sites`).
-        margin: ``M``: the window of the integer passes (offsets ``|d| <= M`` per axis).
+        margin: ``M``: values up to ``(M - 1/2)^2`` are exact where the domain holds the box of half-width
+            ``M`` around the voxel.
         axes: the crossing orientations present (an occupancy map's centres are ``+k`` slots only).
+        out_bricks: int64 ``[W, 3]`` sorted unique rows of ``bricks`` whose values are wanted (None: all);
+            the passes then run only on the bricks they need (below).
     Returns:
-        float32 ``[B, 64]`` (brick offset order); inf where no crossing is reachable. Exact (up to float32
-        rounding of the per-crossing sum) for every crossing whose voxel lies within the box of half-width
-        ``M`` around the voxel when the domain holds that box; values from farther crossings are
-        larger than ``(M - 1/2)^2``.
+        float32 ``[B, 64]`` (brick offset order); exact (up to float32 rounding of the per-crossing sum)
+        for every crossing whose voxel lies within the box of half-width ``M`` around the voxel when the
+        domain holds that box; values from farther crossings are larger than ``(M - 1/2)^2`` (inf where
+        none is reachable). Only the rows of ``out_bricks`` are meaningful when it is given.
 
     Per orientation ``a`` (crossings on the lines along ``a``): a 1-D pass along ``a`` on the crossings
-    (nearest left/right by a cumulative max/min), then min-plus passes with ``d^2`` along the other two
-    axes. Orientations k and j share their last pass (along i): k, j(k), j, k(j), i(min), then i, j, k.
+    (nearest left/right by a cumulative max/min), then exact 1-D squared-distance passes (lower envelope of
+    parabolas, :func:`mapper.kernels.envelope.lower_envelope`, ``O(n)`` per line of ``n`` voxels) along the
+    other two axes. Orientations k and j share their last pass (along i): k, j(k), j, k(j), i(min), then
+    i, j, k. A pass along ``x`` whose results are wanted on a brick set ``W`` reads its input on ``W``
+    grown by ``Rb = ceil(M / 4)`` bricks along ``x`` (inside the domain): beyond that every candidate is
+    farther than ``M``. So with ``W = out_bricks`` the last passes run on ``W + i`` / ``W + k`` and the
+    middle ones on ``W + i + j``, ``W + i + k``, ``W + k + j``; only the line passes span the domain.
     """
     dev = bricks.device
     nb = bricks.shape[0]
     n = nb * 64
-    at = torch.searchsorted(voxel_keys(bricks), voxel_keys(site_vox >> 2)) * 64 + brick_offsets(site_vox)
-    layouts: dict[int, tuple] = {}
+    keys = voxel_keys(bricks)
+    at = torch.searchsorted(keys, voxel_keys(site_vox >> 2)) * 64 + brick_offsets(site_vox)
+    rb = -(-margin // 4)
+    layouts: dict = {}
+    sets: dict = {}
 
-    def layout(axis):
+    def subset(name):
+        """Brick sets by name: "" = the domain, "W" = out_bricks, then grown along i / j / k (axis 0..2)."""
+        if name not in sets:
+            if name == "":
+                sets[name] = None
+            elif name == "W":
+                sets[name] = out_bricks
+            else:
+                base = subset(name[:-1])
+                if base is None:
+                    sets[name] = None
+                else:
+                    g = (
+                        _unique_bricks(_dilate_axis(base, rb, "ijk".index(name[-1])))
+                        if base.shape[0]
+                        else base
+                    )
+                    g = g[_member(voxel_keys(g), keys)]
+                    sets[name] = None if g.shape[0] == nb else g
+        return sets[name]
+
+    def layout(axis, name=""):
+        sub = subset(name)
+        if sub is not None:  # used once: not kept
+            perm, starts, lengths, chunks = _line_layout(sub, axis, rows)
+            row = torch.searchsorted(keys, voxel_keys(sub)).to(perm.dtype)  # subset brick -> domain brick
+            return (row[perm >> 6] * 64 + (perm & 63), starts, lengths, chunks)
         if axis not in layouts:
-            layouts[axis] = _line_layout(bricks, axis, margin + 1, rows)
+            layouts[axis] = _line_layout(bricks, axis, rows)
         return layouts[axis]
 
     def crossings(axis):
@@ -701,61 +724,54 @@ def squared_distances(
             out.append(d)
         return out
 
-    def run(axis, jobs):
-        perm, real, chunks = layout(axis)
-        for s, e, r0, r1 in chunks:
-            at_slot = real[r0:r1]
-            where = (perm[at_slot], at_slot - s)  # voxels of the chunk, and their slots in it
-            for job in jobs:
-                job(perm[s:e], where)
+    def run(axis, jobs, name=""):
+        perm, starts, lengths, chunks = layout(axis, name)
+        whole = (0, perm.numel(), 0, starts.numel())
+        for job in jobs:
+            # line passes in chunks of ``rows`` slots (bounded temporaries); an envelope pass at once (its
+            # host loop steps once per slot of a line: chunks would repeat it; it bounds its own batches)
+            for s, e, l0, l1 in chunks if job.chunked else [whole]:
+                job(perm[s:e], starts[l0:l1] - s, lengths[l0:l1])  # voxels in slot order, lines in the chunk
 
     def line_job(out, axis):
         lo, hi, near = crossings(axis)
 
-        def job(idx, where):
-            out[where[0]] = _line_min(lo[idx], hi[idx], near[idx])[where[1]]
+        def job(idx, start, length):
+            out[idx] = _line_min(lo[idx], hi[idx], near[idx], start, length)
 
+        job.chunked = True
         return job
 
-    lead = None
-
     def window_job(arr):
-        def job(idx, where):
-            nonlocal lead
-            if lead is None:
-                lead = torch.full((margin,), n, dtype=idx.dtype, device=dev)
-            arr[where[0]] = _window_min(arr[torch.cat((lead, idx))], margin)[margin:][where[1]]
+        def job(idx, start, length):
+            arr[idx] = lower_envelope(arr[idx], start, length)
 
+        job.chunked = False
         return job
 
     def fresh():
         return torch.full((n + 1,), math.inf, dtype=torch.float32, device=dev)
 
+    w = "" if out_bricks is None else "W"
     a = b = c = None
     if 2 in axes:
         a = fresh()
         run(2, [line_job(a, 2)])
-    jobs = [window_job(a)] if a is not None else []
+        run(1, [window_job(a)], w + "ij")
     if 1 in axes:
         b = fresh()
-        jobs.append(line_job(b, 1))
-    if jobs:
-        run(1, jobs)
-    if b is not None:
-        run(2, [window_job(b)])
+        run(1, [line_job(b, 1)])
+        run(2, [window_job(b)], w + "ik")
         a = b if a is None else torch.minimum(a, b, out=a)
         del b
-    jobs = [window_job(a)] if a is not None else []
+    if a is not None:
+        run(0, [window_job(a)], w + "i")
     if 0 in axes:
         c = fresh()
-        jobs.append(line_job(c, 0))
-    if jobs:
-        run(0, jobs)
-    layouts.pop(0, None)
-    if c is not None:
-        run(1, [window_job(c)])
-        layouts.pop(1, None)
-        run(2, [window_job(c)])
+        run(0, [line_job(c, 0)])
+        layouts.clear()
+        run(1, [window_job(c)], w + "kj")
+        run(2, [window_job(c)], w + "k")
         a = c if a is None else torch.minimum(a, c, out=a)
     if a is None:
         a = fresh()
@@ -770,7 +786,7 @@ class EsdfIntegrator:
         voxel_size_m: the ESDF's voxel edge (metres), ``>=`` the source layers' voxel.
         max_distance_m: distances beyond this are stored as this value (with their sign).
         device: where the layer lives.
-        cpu_rows: slots per chunk of a transform pass on the CPU (bounds the temporaries; results do not
+        cpu_rows: slots per chunk of a line pass on the CPU (bounds the temporaries; results do not
             depend on it).
         source_voxel_size_m: the TSDF / occupancy voxel edge (default: ``voxel_size_m``).
     """
@@ -924,7 +940,7 @@ class EsdfIntegrator:
             raise InvalidArgumentType(f"dirty: expected integer brick coordinates, got {t.dtype}")
         return t.to(device=self.device, dtype=torch.int64)
 
-    def _sites(self, tsdf, occ, region):
+    def _sites(self, tsdf, occ, region, near=None):
         """Site voxels (ESDF lattice) and their crossings ``[S, 9]`` in ``region`` (None: all)."""
         src = tsdf if tsdf is not None else occ
         if src is None:
@@ -940,9 +956,7 @@ class EsdfIntegrator:
             return vox, edge_sites(t)
         fine = _unique_bricks(src.brick_table()[0])
         if region is not None:  # fine bricks within 2 ESDF bricks of the region: every source of its sites
-            near = _dilate_bricks(region, 2)
-            at = torch.floor((fine.to(torch.float64) * 4 + 0.5) / self.ratio).to(torch.int64) >> 2
-            fine = fine[_member(voxel_keys(at), voxel_keys(near))]
+            fine = fine[self._fine_near(fine, self._near_keys(region) if near is None else near)]
         if tsdf is not None:
             vox, t = coarse_tsdf_sites(tsdf, fine, self.ratio)
         else:
@@ -952,7 +966,20 @@ class EsdfIntegrator:
             vox, t = vox[keep], t[keep]
         return vox, t
 
-    def _observed_candidates(self, tsdf, occ, free, region) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fine_near(self, fine: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
+        """bool ``[F]``: which fine bricks have their home ESDF brick (the one holding their first voxel's
+        centre) in ``near`` (sorted keys of the region grown by 2 bricks): every fine brick whose samples an
+        ESDF voxel of the region can read (sites: pad 2 fine voxels; signs: the 8 corners; ``ratio > 1``)."""
+        at = torch.floor((fine.to(torch.float64) * 4 + 0.5) / self.ratio).to(torch.int64) >> 2
+        return _member(voxel_keys(at), near)
+
+    def _near_keys(self, region):
+        """Sorted keys of ``region`` grown by 2 bricks (None: no region, or the same lattice)."""
+        if region is None or self.same_lattice:
+            return None
+        return voxel_keys(_dilate_bricks(region, 2))
+
+    def _observed_candidates(self, tsdf, occ, free, region, near=None) -> tuple[torch.Tensor, torch.Tensor]:
         """ESDF bricks that may hold an observed voxel (sorted unique), in ``region`` (None: all), and
         which of them the source layers can reach (the others are known through the free record only)."""
         parts = []
@@ -960,7 +987,10 @@ class EsdfIntegrator:
             if la is None or la.grid.num_leaves == 0:
                 continue
             b = la.brick_table()[0]
-            parts.append(b if self.same_lattice else fine_to_coarse_bricks(_unique_bricks(b), self.ratio, 1))
+            if not self.same_lattice:  # only the fine bricks near the region (not the whole map's)
+                b = _unique_bricks(b if near is None else b[self._fine_near(b, near)])
+                b = fine_to_coarse_bricks(b, self.ratio, 1)
+            parts.append(b)
         src = (
             _unique_bricks(torch.cat(parts))
             if parts
@@ -999,9 +1029,10 @@ class EsdfIntegrator:
         Stored: the bricks with an observed voxel that lie within ``Rb`` bricks of a site brick; computed:
         (site bricks + Rb) and (observed bricks + Rb), which holds every intermediate value of the
         separable transform for a stored voxel and every site within ``M`` of it (exact values)."""
-        site_vox, site_t = self._sites(tsdf, occ, region)
+        near = self._near_keys(region)
+        site_vox, site_t = self._sites(tsdf, occ, region, near)
         site_bricks = _unique_bricks(site_vox >> 2)
-        cand, near_src = self._observed_candidates(tsdf, occ, free, region)
+        cand, near_src = self._observed_candidates(tsdf, occ, free, region, near)
         inside, observed = self._sign_observed(tsdf, occ, free, cand, near_src)
         seen = observed.any(dim=1)
         obs_bricks = cand[seen]
@@ -1021,7 +1052,9 @@ class EsdfIntegrator:
         if n_write:
             in_dom = _member(voxel_keys(site_vox >> 2), voxel_keys(domain))
             axes = (2, 1, 0) if tsdf is not None else (2,)
-            d2 = squared_distances(domain, site_vox[in_dom], site_t[in_dom], self.margin, axes, self.cpu_rows)
+            d2 = squared_distances(
+                domain, site_vox[in_dom], site_t[in_dom], self.margin, axes, self.cpu_rows, write
+            )
             d2 = d2[_member(voxel_keys(domain), voxel_keys(write))]
             dist = torch.clamp(torch.sqrt(d2) * self.voxel_size_m, max=self.max_distance_m)
             slots = self.layer.allocate(write)
