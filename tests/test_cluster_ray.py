@@ -1,0 +1,277 @@
+"""``mapper serve --ray`` on a local Ray cluster (2 CPU map workers), through the real HTTP/WebSocket API:
+maps land on different workers and answer as a map built here from the same frames; a worker killed with
+SIGKILL mid-stream is restarted by Ray, loses no acknowledged frame and answers again within 60 s; a map
+moved between workers mid-stream loses nothing. Bounded: the whole module dies after WATCHDOG_S."""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from test_service_helpers import scan
+
+from mapper import Map
+from mapper.client import ApiError, MapperClient
+from mapper.persistence import load_snapshot_file
+from mapper.settings import Settings
+
+ray = pytest.importorskip(
+    "ray", reason="ray is not installed (pip install 'mapper[ray]'): cluster tests skip"
+)
+
+WATCHDOG_S = 420
+TOKEN, READ = "cluster-token", "cluster-read"
+CONFIG = dict(voxel_size_m=0.25, layers=["tsdf", "esdf"], esdf_max_distance_m=1.0)
+
+
+@contextlib.contextmanager
+def serve(app):
+    """The app on a free loopback port, in a thread; yields its URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 240
+    while not server.started:
+        assert t.is_alive() and time.monotonic() < deadline, "the cluster app did not start"
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        t.join(120)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from mapper.cluster.ingress import create_cluster_app
+
+    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)  # never hang CI
+    root = tmp_path_factory.mktemp("cluster")
+    ray.init(
+        num_cpus=2,
+        object_store_memory=200 << 20,
+        include_dashboard=False,
+        namespace="mapper-test",
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    settings = Settings(
+        data_dir=root,
+        device="cpu",
+        snapshot_interval_s=0,
+        api_tokens=[TOKEN],
+        read_tokens=[READ],
+        memory_budget_bytes=1 << 30,
+        query_threads=1,
+        malloc_trim_s=0,
+    )
+    try:
+        with serve(create_cluster_app(settings, workers=2)) as url:
+            yield url, root
+    finally:
+        ray.shutdown()
+        faulthandler.cancel_dump_traceback_later()
+
+
+def cluster_info(url: str, token: str = READ) -> dict:
+    r = httpx.get(f"{url}/v1/cluster", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def owner(url: str, map_id: str) -> dict:
+    return next(w for w in cluster_info(url)["workers"] if map_id in w.get("maps", []))
+
+
+def reference(n: int, offset: int = 0) -> Map:
+    m = Map(**CONFIG, device="cpu")
+    for i in range(n):
+        m.integrate_lidar(*scan(i + offset))
+    return m
+
+
+def served_map(c: MapperClient, map_id: str, path) -> Map:
+    c.export(map_id, path)
+    tensors, meta = load_snapshot_file(path)
+    return Map.from_state_dict(tensors, meta, device="cpu")
+
+
+def assert_same_tsdf(a: Map, b: Map) -> None:
+    g1, x = a.layer("tsdf")
+    g2, y = b.layer("tsdf")
+    assert torch.equal(g1.ijk, g2.ijk)
+    torch.testing.assert_close(x["weight"], y["weight"], rtol=0, atol=1e-4)
+    torch.testing.assert_close(x["tsdf"], y["tsdf"], rtol=0, atol=1e-4)
+
+
+def test_cluster_auth_and_workers(cluster):
+    url, _ = cluster
+    assert httpx.get(f"{url}/v1/cluster", timeout=30).status_code == 401
+    assert (
+        httpx.get(f"{url}/v1/cluster", headers={"Authorization": "Bearer nope"}, timeout=30).status_code
+        == 401
+    )
+    info = cluster_info(url)
+    assert len(info["workers"]) == 2
+    pids = {w["pid"] for w in info["workers"]}
+    assert len(pids) == 2 and os.getpid() not in pids
+    for w in info["workers"]:
+        assert w["device"] == "cpu" and w["memory"]["budget_bytes"] > 0 and w["frames_per_s"] >= 0
+    # a read token cannot write through the ingress; bad input gets the single-process app's errors
+    with MapperClient(url, token=READ) as c, pytest.raises(ApiError) as e:
+        c.create_map(name="ro", **CONFIG)
+    assert e.value.status == 403
+    with MapperClient(url, token=TOKEN) as c:
+        with pytest.raises(ApiError) as e:
+            c.create_map(name="bad", voxel_size_m=-1)
+        assert e.value.status == 422
+        with pytest.raises(ApiError) as e:
+            c.get_map("no-such-map")
+        assert e.value.status == 404
+
+
+def test_maps_land_on_different_workers_and_answer_as_one_process(cluster, tmp_path):
+    url, _ = cluster
+    with MapperClient(url, token=TOKEN) as c:
+        a = c.create_map(name="alpha", **CONFIG)["id"]
+        b = c.create_map(name="beta", **CONFIG)["id"]
+        with pytest.raises(ApiError) as e:
+            c.create_map(name="alpha", **CONFIG)  # names are unique over the cluster
+        assert e.value.status == 409
+        wa, wb = owner(url, a), owner(url, b)
+        assert wa["worker"] != wb["worker"] and wa["pid"] != wb["pid"]
+        for i in range(6):
+            c.send_lidar(a, *scan(i), frame_id=f"a{i}")
+        with c.stream(b, window=4) as s:
+            for i in range(6):
+                s.send_lidar(*scan(i + 10), frame_id=f"b{i}")
+            s.flush()
+        assert {m["id"] for m in c.list_maps()} >= {a, b}
+        ref_a, ref_b = reference(6), reference(6, offset=10)
+        assert_same_tsdf(served_map(c, a, tmp_path / "a.st"), ref_a)
+        assert_same_tsdf(served_map(c, b, tmp_path / "b.st"), ref_b)
+        rng = np.random.default_rng(0)
+        pts = rng.uniform([-5, -5, -0.9], [5, 5, 1.5], (500, 3)).astype(np.float32)
+        t, w = c.query_tsdf(a, pts)
+        t_ref, w_ref = ref_a.query_tsdf(pts)
+        np.testing.assert_allclose(w, w_ref.numpy(), atol=1e-4)
+        np.testing.assert_allclose(np.nan_to_num(t, nan=9), np.nan_to_num(t_ref.numpy(), nan=9), atol=1e-4)
+        ref_b.update_esdf()
+        d, _, obs = c.query_distance(b, pts)
+        d_ref, _, obs_ref = ref_b.query_distance(pts)
+        np.testing.assert_array_equal(obs.astype(bool), obs_ref.numpy().astype(bool))
+        np.testing.assert_allclose(np.nan_to_num(d, nan=9), np.nan_to_num(d_ref.numpy(), nan=9), atol=1e-4)
+        assert len(c.mesh(a)["faces"]) > 0
+        assert c.esdf_slice_png(b, z=0.0)[:8] == b"\x89PNG\r\n\x1a\n"
+        c.delete_map(a)
+        with pytest.raises(ApiError) as e:
+            c.get_map(a)
+        assert e.value.status == 404
+    assert a not in owner(url, b)["maps"]
+    r = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {READ}"}, timeout=30)
+    assert r.status_code == 200 and 'worker="w0"' in r.text and 'worker="w1"' in r.text
+
+
+def test_sigkill_of_a_worker_mid_stream_loses_no_acked_frame(cluster, tmp_path):
+    url, _ = cluster
+    n_frames = 40
+    with MapperClient(url, token=TOKEN) as c:
+        mid = c.create_map(name="crash", **CONFIG)["id"]
+    victim = owner(url, mid)
+    acks: list[dict] = []
+    errors: list[BaseException] = []
+
+    def stream():
+        try:
+            with MapperClient(url, token=TOKEN) as c2, c2.stream(mid, window=4) as s:
+                for i in range(n_frames):
+                    acks.extend(s.send_lidar(*scan(i), frame_id=f"f{i}"))
+                acks.extend(s.flush())
+        except BaseException as e:  # the kill cuts the stream
+            errors.append(e)
+
+    t = threading.Thread(target=stream)
+    t.start()
+    deadline = time.monotonic() + 120
+    while len(acks) < 10 and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(victim["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    t.join(90)
+    assert not t.is_alive()
+    assert errors, "the stream should have been cut by the kill"
+    n_acked = len(acks)
+    assert 10 <= n_acked < n_frames
+    assert [a["frame_id"] for a in acks] == [f"f{i}" for i in range(n_acked)]
+    with MapperClient(url, token=TOKEN) as c:
+        while True:  # the map answers again (Ray restarted the worker; it recovered the map)
+            try:
+                m = c.get_map(mid)
+                break
+            except (ApiError, httpx.HTTPError):
+                assert time.monotonic() - killed < 60, "the map did not answer within 60 s of the kill"
+                time.sleep(0.5)
+        assert time.monotonic() - killed < 60
+        now = owner(url, mid)
+        assert now["worker"] == victim["worker"] and now["pid"] != victim["pid"]
+        recovered = m["last_seq"]
+        assert n_acked <= recovered <= n_acked + 5
+        assert m["frames_integrated"] == recovered
+        assert_same_tsdf(served_map(c, mid, tmp_path / "after.st"), reference(recovered))
+        assert c.send_lidar(mid, *scan(99))["seq"] == recovered + 1  # and it keeps ingesting
+
+
+def test_move_mid_stream_loses_nothing(cluster, tmp_path):
+    url, _ = cluster
+    n_frames = 24
+    with MapperClient(url, token=TOKEN) as c:
+        mid = c.create_map(name="mover", **CONFIG)["id"]
+        src = owner(url, mid)["worker"]
+        acks: list[dict] = []
+        moved: list[dict] = []
+
+        def move():
+            while len(acks) < 8:
+                time.sleep(0.01)
+            r = httpx.post(
+                f"{url}/v1/maps/{mid}/move",
+                json={"worker": 1 - src},
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                timeout=120,
+            )
+            moved.append(r)
+
+        mover = threading.Thread(target=move)
+        mover.start()
+        with c.stream(mid, window=4) as s:
+            for i in range(n_frames):
+                acks.extend(s.send_lidar(*scan(i), frame_id=f"f{i}"))
+                if i > 8:
+                    mover.join(0.05)
+            acks.extend(s.flush())
+        mover.join(120)
+        assert moved and moved[0].status_code == 200, moved[0].text
+        assert moved[0].json()["worker"] == 1 - src
+        assert owner(url, mid)["worker"] == 1 - src
+        assert [a["frame_id"] for a in acks] == [f"f{i}" for i in range(n_frames)]
+        assert [a["seq"] for a in acks] == list(range(1, n_frames + 1))
+        m = c.get_map(mid)
+        assert m["last_seq"] == m["frames_integrated"] == n_frames
+        assert_same_tsdf(served_map(c, mid, tmp_path / "moved.st"), reference(n_frames))
+        # bad moves: unknown worker, unknown map, read token
+        h = {"Authorization": f"Bearer {TOKEN}"}
+        assert httpx.post(f"{url}/v1/maps/{mid}/move", json={"worker": 7}, headers=h).status_code == 422
+        assert httpx.post(f"{url}/v1/maps/nosuch/move", json={"worker": 0}, headers=h).status_code == 404
+        ro = {"Authorization": f"Bearer {READ}"}
+        assert httpx.post(f"{url}/v1/maps/{mid}/move", json={"worker": src}, headers=ro).status_code == 403
