@@ -19,8 +19,9 @@ import torch
 from test_service_helpers import scan
 
 from mapper import Map
+from mapper.api.service import save_new_map
 from mapper.client import ApiError, MapperClient
-from mapper.persistence import load_snapshot_file
+from mapper.persistence import DataDir, load_snapshot_file
 from mapper.settings import Settings
 
 ray = pytest.importorskip(
@@ -58,6 +59,11 @@ def cluster(tmp_path_factory):
 
     faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)  # never hang CI
     root = tmp_path_factory.mktemp("cluster")
+    # a map of a plain `mapper serve` on the same data directory: the cluster adopts it
+    legacy = Map(**CONFIG, device="cpu")
+    for i in range(3):
+        legacy.integrate_lidar(*scan(i + 50))
+    save_new_map(DataDir(root), legacy, name="legacy")
     ray.init(
         num_cpus=2,
         object_store_memory=200 << 20,
@@ -115,8 +121,8 @@ def assert_same_tsdf(a: Map, b: Map) -> None:
     torch.testing.assert_close(x["tsdf"], y["tsdf"], rtol=0, atol=1e-4)
 
 
-def test_cluster_auth_and_workers(cluster):
-    url, _ = cluster
+def test_cluster_auth_and_workers(cluster, tmp_path):
+    url, root = cluster
     assert httpx.get(f"{url}/v1/cluster", timeout=30).status_code == 401
     assert (
         httpx.get(f"{url}/v1/cluster", headers={"Authorization": "Bearer nope"}, timeout=30).status_code
@@ -139,18 +145,31 @@ def test_cluster_auth_and_workers(cluster):
         with pytest.raises(ApiError) as e:
             c.get_map("no-such-map")
         assert e.value.status == 404
+        legacy = c.find_map("legacy")  # adopted from <root>/maps into a worker's directory
+        assert legacy is not None and legacy["frames_integrated"] == 3
+        assert not (root / "maps" / legacy["id"]).exists()
+        assert_same_tsdf(served_map(c, legacy["id"], tmp_path / "l.st"), reference(3, offset=50))
 
 
 def test_maps_land_on_different_workers_and_answer_as_one_process(cluster, tmp_path):
     url, _ = cluster
     with MapperClient(url, token=TOKEN) as c:
+        # placement by load: the worker with fewest maps, then fewest bytes in maps
+        def least_loaded():
+            ws = cluster_info(url)["workers"]
+            return min((len(w["maps"]), w["memory"]["maps_bytes"], w["worker"]) for w in ws)[2]
+
+        expect = least_loaded()
         a = c.create_map(name="alpha", **CONFIG)["id"]
+        assert owner(url, a)["worker"] == expect
+        expect = least_loaded()
         b = c.create_map(name="beta", **CONFIG)["id"]
+        assert owner(url, b)["worker"] == expect
         with pytest.raises(ApiError) as e:
             c.create_map(name="alpha", **CONFIG)  # names are unique over the cluster
         assert e.value.status == 409
-        wa, wb = owner(url, a), owner(url, b)
-        assert wa["worker"] != wb["worker"] and wa["pid"] != wb["pid"]
+        for i in range(2):  # maps land on both workers
+            assert cluster_info(url)["workers"][i]["maps"]
         for i in range(6):
             c.send_lidar(a, *scan(i), frame_id=f"a{i}")
         with c.stream(b, window=4) as s:

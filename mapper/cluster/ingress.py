@@ -200,6 +200,41 @@ class Router:
             elif not r.paused and r.worker != i:
                 r.worker, r.version = i, r.version + 1
 
+    async def adopt(self, root) -> list[str]:
+        """Serve the maps on the shared root that no worker owns: those of a plain ``mapper serve`` on the
+        same data directory (``<root>/maps``) and those of workers beyond the current count (``--ray-workers``
+        lowered). Each is placed like a new map and moved into its worker's directory. Returns their ids."""
+        from pathlib import Path
+
+        from .worker import worker_dir
+
+        root = Path(root)
+        n = len(self.workers)
+        sources = [root / "maps"]
+        extra = root / "workers"
+        if extra.is_dir():
+            for p in sorted(extra.iterdir()):
+                if p.name[:1] == "w" and p.name[1:].isdigit() and int(p.name[1:]) >= n:
+                    sources.append(worker_dir(root, int(p.name[1:])) / "maps")
+        adopted = []
+        for maps_dir in sources:
+            if not maps_dir.is_dir():
+                continue
+            for d in sorted(maps_dir.iterdir()):
+                if d.name.startswith(".") or not (d / "info.json").exists() or d.name in self.routes:
+                    continue
+                i = await self.place()
+                try:
+                    summary = await _await(self.workers[i].actor.attach.remote(d.name, str(d)))
+                except Exception:
+                    log.exception("map %s in %s: could not be adopted; left there", d.name, maps_dir)
+                    continue
+                self.routes[d.name] = Route(i, summary["name"])
+                adopted.append(d.name)
+        if adopted:
+            log.info("adopted %d maps: %s", len(adopted), ", ".join(adopted))
+        return adopted
+
     def route(self, map_id: str) -> Route:
         if not MAP_ID.match(map_id):
             raise InvalidArgument(f"map_id: {map_id[:80]!r} does not match ^[A-Za-z0-9_-]{{1,64}}$")
@@ -363,6 +398,7 @@ def create_cluster_app(
         app.state.router = router
         try:
             await router.refresh()
+            await router.adopt(settings.data_dir)
             router.ready = True
             yield
         finally:
