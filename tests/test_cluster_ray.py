@@ -142,6 +142,9 @@ def test_cluster_auth_and_workers(cluster, tmp_path):
         with pytest.raises(ApiError) as e:
             c.create_map(name="bad", voxel_size_m=-1)
         assert e.value.status == 422
+        with pytest.raises(ApiError) as e:  # sharded maps are not built: refused, never half-served
+            c.create_map(name="sharded", shards=2, **CONFIG)
+        assert e.value.status == 422 and "shards" in e.value.detail
         with pytest.raises(ApiError) as e:
             c.get_map("no-such-map")
         assert e.value.status == 404
@@ -207,9 +210,38 @@ def test_sigkill_of_a_worker_mid_stream_loses_no_acked_frame(cluster, tmp_path):
     n_frames = 40
     with MapperClient(url, token=TOKEN) as c:
         mid = c.create_map(name="crash", **CONFIG)["id"]
+        hid = c.create_map(name="crash-http", **CONFIG)["id"]
     victim = owner(url, mid)
+    h = {"Authorization": f"Bearer {TOKEN}"}
+    r = httpx.post(f"{url}/v1/maps/{hid}/move", json={"worker": victim["worker"]}, headers=h, timeout=120)
+    assert r.status_code == 200 and owner(url, hid)["worker"] == victim["worker"]
     acks: list[dict] = []
     errors: list[BaseException] = []
+    # HTTP frames into a second map of the same worker: (frame index, "acked" | "lost" (502)) in order
+    posted: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    post_errors: list[BaseException] = []
+
+    def post():
+        with MapperClient(url, token=TOKEN) as c2:
+            i = 0
+            while not stop.is_set() and i < 60:
+                try:
+                    c2.send_lidar(hid, *scan(i + 200))
+                    posted.append((i, "acked"))
+                except ApiError as e:
+                    if not (e.status == 502 and e.type == "worker_lost"):
+                        post_errors.append(e)
+                        return
+                    posted.append((i, "lost"))
+                except BaseException as e:
+                    post_errors.append(e)
+                    return
+                i += 1
+
+    poster = threading.Thread(target=post)
+    poster.start()
 
     def stream():
         try:
@@ -249,6 +281,21 @@ def test_sigkill_of_a_worker_mid_stream_loses_no_acked_frame(cluster, tmp_path):
         assert m["frames_integrated"] == recovered
         assert_same_tsdf(served_map(c, mid, tmp_path / "after.st"), reference(recovered))
         assert c.send_lidar(mid, *scan(99))["seq"] == recovered + 1  # and it keeps ingesting
+        # the HTTP map: requests that found the worker down waited for its restart; every acked frame is in
+        time.sleep(1.0)
+        stop.set()
+        poster.join(120)
+        assert not poster.is_alive() and not post_errors, post_errors
+        n_ok = sum(1 for _, st in posted if st == "acked")
+        lost = [i for i, st in posted if st == "lost"]
+        assert n_ok >= 2 and len(lost) <= 1, posted
+        m = c.get_map(hid)
+        assert n_ok <= m["last_seq"] == m["frames_integrated"] <= n_ok + len(lost)
+        kept = [i for i, st in posted if st == "acked" or m["last_seq"] > n_ok]
+        ref = Map(**CONFIG, device="cpu")
+        for i in kept:
+            ref.integrate_lidar(*scan(i + 200))
+        assert_same_tsdf(served_map(c, hid, tmp_path / "http.st"), ref)
 
 
 def test_move_mid_stream_loses_nothing(cluster, tmp_path):
