@@ -109,3 +109,21 @@ def test_serve_ray_workers_must_be_positive(bad, tmp_path, capsys):
         cli.main(["serve", "--ray", "--ray-workers", bad, "--data-dir", str(tmp_path), "--device", "cpu"])
     assert e.value.code == 2
     assert "--ray-workers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "device, gpus, n, expect",
+    [
+        ("auto", 0, None, (2, 0.0, 0.5)),  # CPU-only machine: 2 CPU workers, half the RAM budget each
+        ("cpu", 8, None, (2, 0.0, 0.5)),  # cpu asked: GPUs ignored
+        ("auto", 4, None, (4, 1.0, 1.0)),  # one worker per GPU
+        ("auto", 1, 4, (4, 0.25, 0.25)),  # four workers share one GPU
+        ("cuda", 2, 2, (2, 1.0, 1.0)),
+        ("cuda", 0, 3, (3, 1.0, 1.0)),  # no GPU node yet (KubeRay): a whole GPU each, wait for them
+        ("cpu", 0, 3, (3, 0.0, 1 / 3)),
+    ],
+)
+def test_plan_workers(device, gpus, n, expect):
+    from mapper.cluster.ray_cluster import plan_workers
+
+    assert plan_workers(device, gpus, n) == pytest.approx(expect)

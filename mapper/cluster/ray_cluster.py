@@ -59,11 +59,20 @@ class WorkerHandle:
     token: str | None = None
 
 
-def default_workers() -> int:
-    """One worker per GPU of the cluster, or 2 without GPUs."""
-    ray = require_ray()
-    gpus = int(ray.cluster_resources().get("GPU", 0))
-    return gpus if gpus > 0 else 2
+def plan_workers(device: str, gpus: float, n: int | None) -> tuple[int, float, float]:
+    """``(workers, GPUs per worker, memory share per worker)`` for ``MAPPER_DEVICE`` ``device`` on a
+    cluster offering ``gpus`` GPUs now. ``auto`` uses GPUs when there are some (one worker each by
+    default, several sharing one when ``n`` exceeds them), else 2 CPU workers; ``cuda[:i]`` always asks
+    for GPUs (a whole one each when none has joined yet: the workers wait for GPU nodes, as on a
+    KubeRay cluster whose GPU pods start after the head); ``cpu`` never does."""
+    device = str(device)
+    use_gpu = device.startswith("cuda") or (device == "auto" and gpus > 0)
+    if not use_gpu:
+        n = n or 2
+        return n, 0.0, 1.0 / n
+    n = n or max(1, int(gpus))
+    per_gpu = min(1.0, gpus / n) if gpus >= 1 else 1.0
+    return n, per_gpu, per_gpu
 
 
 def start_workers(settings, n: int | None = None, token: str | None = None) -> list[WorkerHandle]:
@@ -73,11 +82,8 @@ def start_workers(settings, n: int | None = None, token: str | None = None) -> l
     ray = require_ray()
     from .worker import MapWorker
 
-    n = n or default_workers()
     gpus = float(ray.cluster_resources().get("GPU", 0))
-    use_gpu = gpus > 0 and settings.device != "cpu"
-    per_gpu = min(1.0, gpus / n) if use_gpu else 0.0
-    share = per_gpu if use_gpu else 1.0 / n
+    n, per_gpu, share = plan_workers(settings.device, gpus, n)
     token = token or secrets.token_urlsafe(24)
     root = str(settings.data_dir.resolve())
     values = settings.model_dump(mode="json")
