@@ -21,7 +21,7 @@ from test_service_helpers import scan
 from mapper import Map
 from mapper.api.service import save_new_map
 from mapper.client import ApiError, MapperClient
-from mapper.persistence import DataDir, load_snapshot_file
+from mapper.persistence import DataDir, MapDir, load_snapshot_file
 from mapper.settings import Settings
 
 ray = pytest.importorskip(
@@ -341,3 +341,46 @@ def test_move_mid_stream_loses_nothing(cluster, tmp_path):
         assert httpx.post(f"{url}/v1/maps/nosuch/move", json={"worker": 0}, headers=h).status_code == 404
         ro = {"Authorization": f"Bearer {READ}"}
         assert httpx.post(f"{url}/v1/maps/{mid}/move", json={"worker": src}, headers=ro).status_code == 403
+
+
+def test_mapper_serve_ray_command(tmp_path):
+    """The real command: `mapper serve --ray` starts its own local Ray and one worker, serves the API, and
+    on SIGTERM stops with every map snapshotted in its worker's directory."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "mapper", "serve", "--ray", "--ray-workers", "1", "--port", str(port)]
+    cmd += ["--data-dir", str(tmp_path / "data"), "--device", "cpu", "--log-level", "warning"]
+    env = {**os.environ, "MAPPER_MALLOC_TRIM_S": "0", "MAPPER_QUERY_THREADS": "1"}
+    env.pop("RAY_ADDRESS", None)
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "mapper serve --ray did not become ready"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                    break
+            time.sleep(0.5)
+        with MapperClient(url) as c:
+            info = c._request("GET", "/v1/cluster").json()
+            assert [w["worker"] for w in info["workers"]] == [0] and info["workers"][0]["pid"] != proc.pid
+            mid = c.create_map(name="cli", **CONFIG)["id"]
+            assert c.send_lidar(mid, *scan(0))["seq"] == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its shutdown
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        log.close()
+    snap = MapDir(tmp_path / "data" / "workers" / "w0" / "maps" / mid, True).latest_snapshot()
+    assert snap is not None and snap.seq == 1, "the map was not snapshotted at shutdown"
+    assert_same_tsdf(Map.from_state_dict(*load_snapshot_file(snap.path), device="cpu"), reference(1))

@@ -680,7 +680,11 @@ class StreamRelay:
         index = self.route.worker
         stale = False
         for _ in range(3):
-            url, token = await self.router.resolve(index, stale)
+            try:
+                url, token = await self.router.resolve(index, stale)
+            except MapperError as e:  # the worker did not come back in time
+                self._upstream_ended(1013, str(e))
+                return
             try:
                 self.up = await connect(
                     url.replace("http://", "ws://", 1) + f"/v1/maps/{self.map_id}/stream",

@@ -40,12 +40,16 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> bool
     if address:
         ray.init(address=address, **kw)
     else:
-        ray.init(
-            num_cpus=num_cpus,
-            object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-            include_dashboard=False,
-            **kw,
-        )
+        try:
+            ray.init(
+                num_cpus=num_cpus,
+                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                include_dashboard=False,
+                **kw,
+            )
+        except ValueError:  # a cluster of `ray start` on this machine was found: join it as it is
+            log.info("joining the Ray cluster already running on this machine")
+            ray.init(**kw)
     return True
 
 
