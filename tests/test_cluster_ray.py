@@ -303,33 +303,50 @@ def test_move_mid_stream_loses_nothing(cluster, tmp_path):
     n_frames = 24
     with MapperClient(url, token=TOKEN) as c:
         mid = c.create_map(name="mover", **CONFIG)["id"]
-        src = owner(url, mid)["worker"]
+        hid = c.create_map(name="mover-http", **CONFIG)["id"]
+        src, hsrc = owner(url, mid)["worker"], owner(url, hid)["worker"]
         acks: list[dict] = []
-        moved: list[dict] = []
+        http_acks: list[dict] = []
+        moved: dict[str, tuple] = {}
 
-        def move():
-            while len(acks) < 8:
+        def move(map_id, target, progress, after):
+            while len(progress) < after:
                 time.sleep(0.01)
             r = httpx.post(
-                f"{url}/v1/maps/{mid}/move",
-                json={"worker": 1 - src},
+                f"{url}/v1/maps/{map_id}/move",
+                json={"worker": target},
                 headers={"Authorization": f"Bearer {TOKEN}"},
                 timeout=120,
             )
-            moved.append(r)
+            moved[map_id] = (r, len(progress))  # how many frames were acked when the move was done
 
-        mover = threading.Thread(target=move)
-        mover.start()
+        def post():  # HTTP frames into the second map while it moves: each must be acked, in order
+            with MapperClient(url, token=TOKEN) as c2:
+                for i in range(12):
+                    http_acks.append(c2.send_lidar(hid, *scan(i + 300)))
+
+        threads = [
+            threading.Thread(target=move, args=(mid, 1 - src, acks, 8)),
+            threading.Thread(target=move, args=(hid, 1 - hsrc, http_acks, 4)),
+            threading.Thread(target=post),
+        ]
+        for t in threads:
+            t.start()
         with c.stream(mid, window=4) as s:
             for i in range(n_frames):
                 acks.extend(s.send_lidar(*scan(i), frame_id=f"f{i}"))
                 if i > 8:
-                    mover.join(0.05)
+                    time.sleep(0.05)
             acks.extend(s.flush())
-        mover.join(120)
-        assert moved and moved[0].status_code == 200, moved[0].text
-        assert moved[0].json()["worker"] == 1 - src
-        assert owner(url, mid)["worker"] == 1 - src
+        for t in threads:
+            t.join(120)
+        for map_id, target in ((mid, 1 - src), (hid, 1 - hsrc)):
+            r, done_at = moved[map_id]
+            assert r.status_code == 200, r.text
+            assert r.json()["worker"] == target and owner(url, map_id)["worker"] == target
+        assert moved[mid][1] < n_frames and moved[hid][1] < 12  # the moves finished mid-stream
+        assert [a["seq"] for a in http_acks] == list(range(1, 13))
+        assert_same_tsdf(served_map(c, hid, tmp_path / "moved-http.st"), reference(12, offset=300))
         assert [a["frame_id"] for a in acks] == [f"f{i}" for i in range(n_frames)]
         assert [a["seq"] for a in acks] == list(range(1, n_frames + 1))
         m = c.get_map(mid)
