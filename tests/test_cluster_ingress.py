@@ -127,3 +127,20 @@ def test_plan_workers(device, gpus, n, expect):
     from mapper.cluster.ray_cluster import plan_workers
 
     assert plan_workers(device, gpus, n) == pytest.approx(expect)
+
+
+def test_stored_name_of_an_exported_snapshot(tmp_path):
+    from mapper import Map
+    from mapper.cluster.ingress import stored_name
+    from mapper.persistence import MapDir
+
+    m = Map(voxel_size_m=0.5, layers=["tsdf"], device="cpu")
+    tensors, meta = m.state_dict()
+    d = MapDir(tmp_path / "m", False)
+    d.root.mkdir()
+    snap = d.write_snapshot(0, tensors, {**meta, "info": {"id": "x", "name": "lab-1"}})
+    data = snap.path.read_bytes()
+    assert stored_name(data) == "lab-1"
+    assert stored_name(d.write_snapshot(1, tensors, meta).path.read_bytes()) is None  # no info stored
+    for bad in (b"", b"\xff" * 8, data[:20], (10).to_bytes(8, "little") + b"{not json}"):
+        assert stored_name(bad) is None

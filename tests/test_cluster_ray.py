@@ -152,6 +152,16 @@ def test_cluster_auth_and_workers(cluster, tmp_path):
         assert legacy is not None and legacy["frames_integrated"] == 3
         assert not (root / "maps" / legacy["id"]).exists()
         assert_same_tsdf(served_map(c, legacy["id"], tmp_path / "l.st"), reference(3, offset=50))
+        # import, as mapper serve: a taken stored name falls back to the id, a taken ?name= is a conflict
+        copy = c.import_map(tmp_path / "l.st")
+        assert copy["id"] != legacy["id"] and copy["name"] == copy["id"] and copy["frames_integrated"] == 3
+        with pytest.raises(ApiError) as e:
+            c.import_map(tmp_path / "l.st", name="legacy")
+        assert e.value.status == 409
+        assert c.import_map(tmp_path / "l.st", name="legacy2")["name"] == "legacy2"
+        with pytest.raises(ApiError) as e:
+            c.import_map(b"not a snapshot")
+        assert e.value.status in (400, 422)
 
 
 def test_maps_land_on_different_workers_and_answer_as_one_process(cluster, tmp_path):

@@ -336,6 +336,22 @@ def _response(resp: httpx.Response, body: bytes | None = None):
     return StreamingResponse(chunks(), status_code=resp.status_code, headers=headers)
 
 
+def stored_name(snapshot: bytes) -> str | None:
+    """The map name stored in an exported snapshot (safetensors header metadata), or None (none stored,
+    or not readable here: the worker validates the file)."""
+    from ..persistence import META_KEY
+
+    try:
+        n = int.from_bytes(snapshot[:8], "little")
+        if not 0 < n <= min(len(snapshot) - 8, 100 << 20):
+            return None
+        meta = json.loads(json.loads(snapshot[8 : 8 + n])["__metadata__"][META_KEY])
+        name = (meta.get("info") or {}).get("name")
+        return name if isinstance(name, str) else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def merge_metrics(texts: list[tuple[str, str]]) -> str:
     """Prometheus texts of several workers -> one text, every sample labelled ``worker="<name>"`` and the
     samples of each family kept together under one HELP/TYPE."""
@@ -500,8 +516,12 @@ def create_cluster_app(
         name = request.query_params.get("name")
         async with r.lock:
             if name is not None and any(x.name == name for x in r.routes.values()):
-                name = None  # as mapper serve: a taken name falls back to the id
-            index = await r.place()
+                raise Conflict(f"name: a map named {name!r} exists")
+            stored = stored_name(body) if name is None else None
+            taken = [x.worker for x in r.routes.values() if stored is not None and x.name == stored]
+            # a stored name taken in the cluster: import on the worker that has it, which then falls back
+            # to the id exactly as mapper serve does
+            index = taken[0] if taken else await r.place()
             params = {"name": name} if name is not None else None
             resp = await r.json(
                 index,
