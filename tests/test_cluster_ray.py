@@ -190,6 +190,10 @@ def test_maps_land_on_different_workers_and_answer_as_one_process(cluster, tmp_p
                 s.send_lidar(*scan(i + 10), frame_id=f"b{i}")
             s.flush()
         assert {m["id"] for m in c.list_maps()} >= {a, b}
+        time.sleep(1.2)  # one more sample of the workers' frames/s after the last frame
+        wb = owner(url, b)
+        assert wb["frames_per_s"] > 0 and wb["memory"]["maps_bytes"] > 0 and wb["memory"]["rss_bytes"] > 0
+        assert isinstance(wb["node"], str) and wb["node"]
         ref_a, ref_b = reference(6), reference(6, offset=10)
         assert_same_tsdf(served_map(c, a, tmp_path / "a.st"), ref_a)
         assert_same_tsdf(served_map(c, b, tmp_path / "b.st"), ref_b)
