@@ -415,3 +415,65 @@ def test_mapper_serve_ray_command(tmp_path):
     snap = MapDir(tmp_path / "data" / "workers" / "w0" / "maps" / mid, True).latest_snapshot()
     assert snap is not None and snap.seq == 1, "the map was not snapshotted at shutdown"
     assert_same_tsdf(Map.from_state_dict(*load_snapshot_file(snap.path), device="cpu"), reference(1))
+
+
+def test_errors_and_answers_match_mapper_serve(cluster, tmp_path):
+    """The same requests to the cluster and to a single-process app give the same status and error type
+    (auth, bad ids, bad bodies, bad parameters) and the same answers on an empty map."""
+    from fastapi.testclient import TestClient
+
+    from mapper.api import create_app
+
+    url, _ = cluster
+    single = create_app(
+        Settings(
+            data_dir=tmp_path / "single",
+            device="cpu",
+            snapshot_interval_s=0,
+            api_tokens=[TOKEN],
+            read_tokens=[READ],
+            malloc_trim_s=0,
+        )
+    )
+    full, ro = {"Authorization": f"Bearer {TOKEN}"}, {"Authorization": f"Bearer {READ}"}
+    with TestClient(single) as local, httpx.Client(base_url=url, timeout=60) as remote:
+        ids = {}
+        for name, cl in (("local", local), ("remote", remote)):
+            r = cl.post("/v1/maps", json={"name": "conform", **CONFIG}, headers=full)
+            assert r.status_code == 201, r.text
+            ids[name] = r.json()["id"]
+
+        def requests(mid):
+            j = {**full, "content-type": "application/json"}
+            return [
+                ("GET", "/v1/maps/bad!id", {}, full),
+                ("GET", "/v1/maps/nosuch", {}, full),
+                ("DELETE", "/v1/maps/nosuch", {}, full),
+                ("GET", f"/v1/maps/{mid}", {}, {}),
+                ("POST", f"/v1/maps/{mid}/frames", {"content": b"{}"}, ro),
+                ("POST", f"/v1/maps/{mid}/frames", {"content": b"not json"}, j),
+                ("POST", f"/v1/maps/{mid}/frames", {"content": b"x"}, {**full, "content-type": "text/plain"}),
+                ("POST", f"/v1/maps/{mid}/frames", {"json": {"kind": "lidar"}}, full),
+                ("POST", f"/v1/maps/{mid}/query/distance", {"json": {"points": [[0, 0]]}}, ro),
+                ("POST", f"/v1/maps/{mid}/query/tsdf", {"json": {"points": [[0, 0, 0], [1, 2, 3]]}}, ro),
+                ("POST", f"/v1/maps/{mid}/query/occupancy", {"json": {"points": [[0, 0, 0]]}}, ro),
+                ("GET", f"/v1/maps/{mid}/esdf/slice?z=abc", {}, ro),
+                ("GET", f"/v1/maps/{mid}/esdf/slice?z=0&x_min=1", {}, ro),
+                ("GET", f"/v1/maps/{mid}/mesh?format=bad", {}, ro),
+                ("POST", f"/v1/maps/{mid}/clear", {"json": {"aabb_min": [0, 0]}}, full),
+                ("POST", f"/v1/maps/{mid}/decay", {"json": {"factor": 2}}, full),
+                ("POST", "/v1/maps", {"json": {"name": "x", "bogus": 1}}, full),
+                ("POST", "/v1/maps", {"json": {"name": "conform"}}, full),
+                ("GET", "/v1/maps", {}, {"Authorization": "Bearer wrong"}),
+            ]
+
+        for (m, path, kw, h), (_, path2, kw2, _) in zip(
+            requests(ids["local"]), requests(ids["remote"]), strict=True
+        ):
+            a = local.request(m, path, headers=h, **kw)
+            b = remote.request(m, path2, headers=h, **kw2)
+            assert a.status_code == b.status_code, (m, path, a.text, b.text)
+            if a.status_code >= 400:
+                assert a.json()["type"] == b.json()["type"], (m, path, a.text, b.text)
+            elif "query" in path:
+                assert a.json() == b.json(), (path, a.text, b.text)

@@ -50,6 +50,10 @@ HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "server", "date"
 STREAM_LOST = "map worker failed: frames without an ack may or may not be in the map; reconnect and resend"
 
 
+class InvalidMapId(InvalidArgument):
+    """A map id outside the API's pattern: answered as ``mapper serve``'s path validation does (422)."""
+
+
 class WorkerLost(MapperError):
     """The worker serving the request failed while running it (HTTP 502): it may or may not be applied."""
 
@@ -237,7 +241,7 @@ class Router:
 
     def route(self, map_id: str) -> Route:
         if not MAP_ID.match(map_id):
-            raise InvalidArgument(f"map_id: {map_id[:80]!r} does not match ^[A-Za-z0-9_-]{{1,64}}$")
+            raise InvalidMapId(f"path.map_id: String should match pattern '{MAP_ID.pattern}'")
         r = self.routes.get(map_id)
         if r is None:
             raise NotFound(f"map {map_id!r} not found")
@@ -438,6 +442,7 @@ def create_cluster_app(
     app.state.settings = settings
     app.state.metrics = metrics
     app.add_exception_handler(WorkerLost, _worker_lost)
+    app.add_exception_handler(InvalidMapId, _invalid_map_id)
     app.add_exception_handler(MapperError, errors.mapper_error_handler)
     app.add_exception_handler(RequestValidationError, errors.validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, errors.http_error_handler)
@@ -638,6 +643,10 @@ def _level(table, path: str, method: str) -> str | None:
         if regex.match(path) and (not methods or method in methods):
             return level
     return "write"  # a route the single-process app does not have: the strictest
+
+
+async def _invalid_map_id(request, exc: InvalidMapId) -> JSONResponse:
+    return JSONResponse({"type": "validation_error", "detail": str(exc)}, status_code=422)
 
 
 async def _worker_lost(request, exc: WorkerLost) -> JSONResponse:
