@@ -617,6 +617,26 @@ def create_cluster_app(
 
     app.include_router(api)
 
+    def openapi() -> dict:
+        """``mapper serve``'s schema (every forwarded route, as it is) plus the cluster's own routes."""
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            from ..api import create_app
+
+            schema = create_app(settings).openapi()
+            own = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            for path, item in own.get("paths", {}).items():  # mapper serve's documentation wins
+                for method, op in item.items():
+                    schema["paths"].setdefault(path, {}).setdefault(method, op)
+            for kind, entries in own.get("components", {}).items():
+                schema.setdefault("components", {}).setdefault(kind, {}).update(entries)
+            schema["info"]["description"] = app.description
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
+
     @app.get("/", include_in_schema=False)
     async def root():
         from fastapi.responses import RedirectResponse
