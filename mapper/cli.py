@@ -193,9 +193,12 @@ def cmd_serve(args) -> int:
         file=sys.stderr,
         flush=True,
     )
-    if args.foxglove_port is not None:  # mapper.api.routes.viewer starts the Foxglove bridge
-        os.environ["MAPPER_FOXGLOVE_PORT"] = str(args.foxglove_port)
+    if args.ray is None and args.ray_workers is not None:
+        print("mapper serve: --ray-workers needs --ray", file=sys.stderr)
+        return 2
     if args.ray is None:
+        if args.foxglove_port is not None:  # mapper.api.routes.viewer starts the Foxglove bridge
+            os.environ["MAPPER_FOXGLOVE_PORT"] = str(args.foxglove_port)
         app = create_app(settings)
     else:  # map workers as Ray actors behind the same API (mapper.cluster)
         try:
@@ -203,6 +206,10 @@ def cmd_serve(args) -> int:
 
             if args.ray_workers is not None and args.ray_workers < 1:
                 raise InvalidArgument(f"--ray-workers: {args.ray_workers} is not a positive number")
+            if args.foxglove_port is not None:
+                raise InvalidArgument(
+                    "--foxglove-port: not available with --ray (the maps live in the workers)"
+                )
             require_ray()
         except MapperError as e:
             print(f"mapper serve: {e}", file=sys.stderr)

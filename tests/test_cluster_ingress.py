@@ -4,6 +4,7 @@ and the ``mapper serve --ray`` flags (including the error without the ray packag
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -144,3 +145,18 @@ def test_stored_name_of_an_exported_snapshot(tmp_path):
     assert stored_name(d.write_snapshot(1, tensors, meta).path.read_bytes()) is None  # no info stored
     for bad in (b"", b"\xff" * 8, data[:20], (10).to_bytes(8, "little") + b"{not json}"):
         assert stored_name(bad) is None
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--ray-workers", "2"], "--ray-workers needs --ray"),
+        (["--ray", "--foxglove-port", "8765"], "--foxglove-port: not available with --ray"),
+    ],
+)
+def test_serve_ray_flag_combinations_refused(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["serve", *argv, "--data-dir", str(tmp_path), "--device", "cpu"])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+    assert "MAPPER_FOXGLOVE_PORT" not in os.environ  # a refused command leaves the environment alone
