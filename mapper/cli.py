@@ -1,6 +1,7 @@
 """The ``mapper`` command line: serve, replay datasets, export meshes and slices, run the demo.
 
     mapper serve [--host H] [--port P] [--data-dir D] [--device auto|cpu|cuda] [--token T ...]
+    mapper serve --ray [ADDRESS] [--ray-workers N] ...   (map workers as Ray actors: mapper.cluster)
     mapper replay --format kitti|replica|3dmatch|7scenes|norlab|pcd PATH (--server URL | --out DATA_DIR)
     mapper replay --format rosbag BAG --points-topic T [--world-frame F | --odom-topic T] (--server U|--out D)
     mapper replay --format rosbag BAG --depth-topic T --camera-info-topic T (--world-frame F | --odom-topic T)
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .datasets import default_data_dir
-from .errors import MapperError
+from .errors import InvalidArgument, MapperError
 
 FORMATS = ("kitti", "replica", "3dmatch", "7scenes", "norlab", "rosbag", "pcd")
 
@@ -192,10 +193,32 @@ def cmd_serve(args) -> int:
         file=sys.stderr,
         flush=True,
     )
-    if args.foxglove_port is not None:  # mapper.api.routes.viewer starts the Foxglove bridge
-        os.environ["MAPPER_FOXGLOVE_PORT"] = str(args.foxglove_port)
+    if args.ray is None and args.ray_workers is not None:
+        print("mapper serve: --ray-workers needs --ray", file=sys.stderr)
+        return 2
+    if args.ray is None:
+        if args.foxglove_port is not None:  # mapper.api.routes.viewer starts the Foxglove bridge
+            os.environ["MAPPER_FOXGLOVE_PORT"] = str(args.foxglove_port)
+        app = create_app(settings)
+    else:  # map workers as Ray actors behind the same API (mapper.cluster)
+        try:
+            from .cluster.ray_cluster import require_ray
+
+            if args.ray_workers is not None and args.ray_workers < 1:
+                raise InvalidArgument(f"--ray-workers: {args.ray_workers} is not a positive number")
+            if args.foxglove_port is not None:
+                raise InvalidArgument(
+                    "--foxglove-port: not available with --ray (the maps live in the workers)"
+                )
+            require_ray()
+        except MapperError as e:
+            print(f"mapper serve: {e}", file=sys.stderr)
+            return 2
+        from .cluster.ingress import create_cluster_app
+
+        app = create_cluster_app(settings, workers=args.ray_workers, address=args.ray or None)
     uvicorn.run(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
@@ -638,6 +661,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--token", action="append", help="bearer token (repeatable; MAPPER_API_TOKENS)")
     s.add_argument("--log-level", help="MAPPER_LOG_LEVEL (default info)")
     s.add_argument("--foxglove-port", type=int, help="also serve the maps to Foxglove (WebSocket, 127.0.0.1)")
+    s.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="map workers as Ray actors: join the Ray cluster at ADDRESS (e.g. auto, ray://head:10001), or "
+        "start a local one without ADDRESS; --data-dir must be reachable by every node",
+    )
+    s.add_argument(
+        "--ray-workers", type=int, metavar="N", help="map workers (default: one per GPU, 2 without GPUs)"
+    )
     s.set_defaults(fn=cmd_serve)
 
     r = sub.add_parser(

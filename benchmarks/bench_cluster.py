@@ -1,0 +1,194 @@
+"""Cluster benchmark (``mapper serve --ray``): ingest frames/s and ack latency of C robots streaming into C
+maps, then distance-query latency, with 1, 2 and 4 map workers (Ray actors) on this machine. Writes a
+markdown report.
+
+    python benchmarks/bench_cluster.py --device cpu --out benchmarks/results/cluster_cpu.md
+    python benchmarks/bench_cluster.py --device cuda --out $OUT/cluster_h200.md   # workers share the GPU
+
+A local Ray is started once (small object store, no dashboard); for each worker count the ingress app runs
+in this process on a free loopback port (as ``mapper serve --ray`` does) with a fresh data directory (WAL
+fsync on). Maps are placed by load, so C maps spread over the workers. Frames are pre-encoded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import platform
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_service import hardware, lidar_scan  # noqa: E402
+
+from mapper import wire  # noqa: E402
+from mapper.client import MapperClient  # noqa: E402
+
+
+@contextlib.contextmanager
+def serve(app):
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 600
+    while not server.started:
+        if not t.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the cluster app did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        t.join(300)
+
+
+def run_case(url: str, clients: int, frames: list[bytes], warmup_s: float, measure_s: float, voxel: float):
+    with MapperClient(url) as c:
+        ids = [
+            c.create_map(voxel_size_m=voxel, layers=["tsdf", "esdf"], esdf_max_distance_m=1.0)["id"]
+            for _ in range(clients)
+        ]
+    lat: list[float] = []
+    counted = [0]
+    t_start = time.monotonic()
+    t_meas, t_end = t_start + warmup_s, t_start + warmup_s + measure_s
+    lock = threading.Lock()
+
+    errors: list[BaseException] = []
+
+    def robot(map_id: str):
+        from websockets.sync.client import connect
+
+        try:
+            with connect(url.replace("http", "ws", 1) + f"/v1/maps/{map_id}/stream", max_size=None) as ws:
+                sent: list[float] = []
+                i = 0
+                while time.monotonic() < t_end or sent:
+                    if len(sent) < 4 and time.monotonic() < t_end:
+                        sent.append(time.monotonic())
+                        ws.send(frames[i % len(frames)])
+                        i += 1
+                        continue
+                    ack = wire.unpackb(ws.recv())
+                    if "type" in ack:
+                        raise RuntimeError(f"error ack: {ack}")
+                    done, t0 = time.monotonic(), sent.pop(0)
+                    if t0 >= t_meas and t0 < t_end:
+                        with lock:
+                            lat.append(done - t0)
+                            counted[0] += 1
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=robot, args=(m,)) for m in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(measure_s + warmup_s + 300)
+    if errors:
+        raise errors[0]
+    fps = counted[0] / measure_s
+    rng = np.random.default_rng(0)
+    pts = rng.uniform([-15, -12, -1.5], [15, 12, 2.0], (2000, 3)).astype(np.float32)
+    q: list[float] = []
+    with MapperClient(url) as c:
+        for k in range(60):
+            t0 = time.perf_counter()
+            c.query_distance(ids[k % len(ids)], pts)
+            q.append(time.perf_counter() - t0)
+        info = c._request("GET", "/v1/cluster").json()
+    per_worker = [len(w.get("maps", [])) for w in info["workers"]]
+    return {
+        "frames": counted[0],
+        "fps": fps,
+        "ack_p50": 1e3 * float(np.percentile(lat, 50)) if lat else float("nan"),
+        "ack_p99": 1e3 * float(np.percentile(lat, 99)) if lat else float("nan"),
+        "q_p50": 1e3 * float(np.percentile(q, 50)),
+        "q_p99": 1e3 * float(np.percentile(q, 99)),
+        "q_max": 1e3 * max(q),
+        "maps_per_worker": per_worker,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--workers", default="1,2,4")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--points", type=int, default=4000)
+    ap.add_argument("--voxel", type=float, default=0.3)
+    ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+
+    import ray
+
+    from mapper.cluster.ingress import create_cluster_app
+    from mapper.settings import Settings
+
+    frames = [wire.packb(wire.lidar_message(*lidar_scan(i, args.points), float(i))) for i in range(64)]
+    ray.init(
+        num_cpus=2,
+        object_store_memory=200 << 20,
+        include_dashboard=False,
+        namespace="mapper-bench",
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    rows = []
+    try:
+        for n in [int(x) for x in args.workers.split(",")]:
+            with tempfile.TemporaryDirectory(prefix="mapper-cluster-bench-") as tmp:
+                settings = Settings(data_dir=Path(tmp), device=args.device, snapshot_interval_s=0)
+                t0 = time.perf_counter()
+                with serve(create_cluster_app(settings, workers=n)) as url:
+                    start_s = time.perf_counter() - t0
+                    r = run_case(url, args.clients, frames, args.warmup, args.seconds, args.voxel)
+                r["workers"], r["start_s"] = n, start_s
+                rows.append(r)
+                print(r, flush=True)
+    finally:
+        ray.shutdown()
+
+    cmd = "python " + " ".join(sys.argv)
+    lines = [
+        "# Cluster benchmark (mapper serve --ray)",
+        "",
+        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
+        f"- hardware: {hardware()}; python {platform.python_version()}, ray {ray.__version__}",
+        f"- command: `{cmd}`",
+        f"- {args.clients} robots, one map each (placed by load over the workers), WebSocket window 4, "
+        f"{args.points}-point LiDAR frames, voxel {args.voxel} m, tsdf+esdf (ESDF max distance 1 m, eager), "
+        "WAL fsync per batch; "
+        f"{args.warmup:g} s warm-up, {args.seconds:g} s measured; then 60 distance queries of 2000 points, "
+        "one after another, no ingest",
+        "",
+        "| workers | maps per worker | start (s) | frames | frames/s | ack p50 (ms) | ack p99 (ms) "
+        "| query p50 (ms) | query p99 (ms) | query max (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [r["workers"], r["maps_per_worker"], f"{r['start_s']:.1f}", r["frames"], f"{r['fps']:.2f}"]
+        cells += [f"{r[k]:.0f}" for k in ("ack_p50", "ack_p99")]
+        cells += [f"{r[k]:.1f}" for k in ("q_p50", "q_p99", "q_max")]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,484 @@
+"""``mapper serve --ray`` on a local Ray cluster (2 CPU map workers), through the real HTTP/WebSocket API:
+maps land on different workers and answer as a map built here from the same frames; a worker killed with
+SIGKILL mid-stream is restarted by Ray, loses no acknowledged frame and answers again within 60 s; a map
+moved between workers mid-stream loses nothing. Bounded: the whole module dies after WATCHDOG_S."""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from test_service_helpers import scan
+
+from mapper import Map
+from mapper.api.service import save_new_map
+from mapper.client import ApiError, MapperClient
+from mapper.persistence import DataDir, MapDir, load_snapshot_file
+from mapper.settings import Settings
+
+ray = pytest.importorskip(
+    "ray", reason="ray is not installed (pip install 'mapper[ray]'): cluster tests skip"
+)
+
+WATCHDOG_S = 420
+TOKEN, READ = "cluster-token", "cluster-read"
+CONFIG = dict(voxel_size_m=0.25, layers=["tsdf", "esdf"], esdf_max_distance_m=1.0)
+
+
+@contextlib.contextmanager
+def serve(app):
+    """The app on a free loopback port, in a thread; yields its URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 240
+    while not server.started:
+        assert t.is_alive() and time.monotonic() < deadline, "the cluster app did not start"
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        t.join(120)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from mapper.cluster.ingress import create_cluster_app
+
+    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)  # never hang CI
+    root = tmp_path_factory.mktemp("cluster")
+    # a map of a plain `mapper serve` on the same data directory: the cluster adopts it
+    legacy = Map(**CONFIG, device="cpu")
+    for i in range(3):
+        legacy.integrate_lidar(*scan(i + 50))
+    save_new_map(DataDir(root), legacy, name="legacy")
+    ray.init(
+        num_cpus=2,
+        object_store_memory=200 << 20,
+        include_dashboard=False,
+        namespace="mapper-test",
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    settings = Settings(
+        data_dir=root,
+        device="cpu",
+        snapshot_interval_s=0,
+        api_tokens=[TOKEN],
+        read_tokens=[READ],
+        memory_budget_bytes=1 << 30,
+        query_threads=1,
+        malloc_trim_s=0,
+    )
+    try:
+        with serve(create_cluster_app(settings, workers=2)) as url:
+            yield url, root
+    finally:
+        ray.shutdown()
+        faulthandler.cancel_dump_traceback_later()
+
+
+def cluster_info(url: str, token: str = READ) -> dict:
+    r = httpx.get(f"{url}/v1/cluster", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def owner(url: str, map_id: str) -> dict:
+    return next(w for w in cluster_info(url)["workers"] if map_id in w.get("maps", []))
+
+
+def reference(n: int, offset: int = 0) -> Map:
+    m = Map(**CONFIG, device="cpu")
+    for i in range(n):
+        m.integrate_lidar(*scan(i + offset))
+    return m
+
+
+def served_map(c: MapperClient, map_id: str, path) -> Map:
+    c.export(map_id, path)
+    tensors, meta = load_snapshot_file(path)
+    return Map.from_state_dict(tensors, meta, device="cpu")
+
+
+def assert_same_tsdf(a: Map, b: Map) -> None:
+    g1, x = a.layer("tsdf")
+    g2, y = b.layer("tsdf")
+    assert torch.equal(g1.ijk, g2.ijk)
+    torch.testing.assert_close(x["weight"], y["weight"], rtol=0, atol=1e-4)
+    torch.testing.assert_close(x["tsdf"], y["tsdf"], rtol=0, atol=1e-4)
+
+
+def test_cluster_auth_and_workers(cluster, tmp_path):
+    url, root = cluster
+    assert httpx.get(f"{url}/v1/cluster", timeout=30).status_code == 401
+    assert (
+        httpx.get(f"{url}/v1/cluster", headers={"Authorization": "Bearer nope"}, timeout=30).status_code
+        == 401
+    )
+    info = cluster_info(url)
+    assert len(info["workers"]) == 2
+    pids = {w["pid"] for w in info["workers"]}
+    assert len(pids) == 2 and os.getpid() not in pids
+    for w in info["workers"]:
+        assert w["device"] == "cpu" and w["memory"]["budget_bytes"] > 0 and w["frames_per_s"] >= 0
+    # a read token cannot write through the ingress; bad input gets the single-process app's errors
+    with MapperClient(url, token=READ) as c, pytest.raises(ApiError) as e:
+        c.create_map(name="ro", **CONFIG)
+    assert e.value.status == 403
+    with MapperClient(url, token=TOKEN) as c:
+        with pytest.raises(ApiError) as e:
+            c.create_map(name="bad", voxel_size_m=-1)
+        assert e.value.status == 422
+        with pytest.raises(ApiError) as e:  # sharded maps are not built: refused, never half-served
+            c.create_map(name="sharded", shards=2, **CONFIG)
+        assert e.value.status == 422 and "shards" in e.value.detail
+        with pytest.raises(ApiError) as e:
+            c.get_map("no-such-map")
+        assert e.value.status == 404
+        legacy = c.find_map("legacy")  # adopted from <root>/maps into a worker's directory
+        assert legacy is not None and legacy["frames_integrated"] == 3
+        assert not (root / "maps" / legacy["id"]).exists()
+        assert_same_tsdf(served_map(c, legacy["id"], tmp_path / "l.st"), reference(3, offset=50))
+        # import, as mapper serve: a taken stored name falls back to the id, a taken ?name= is a conflict
+        copy = c.import_map(tmp_path / "l.st")
+        assert copy["id"] != legacy["id"] and copy["name"] == copy["id"] and copy["frames_integrated"] == 3
+        with pytest.raises(ApiError) as e:
+            c.import_map(tmp_path / "l.st", name="legacy")
+        assert e.value.status == 409
+        assert c.import_map(tmp_path / "l.st", name="legacy2")["name"] == "legacy2"
+        with pytest.raises(ApiError) as e:
+            c.import_map(b"not a snapshot")
+        assert e.value.status in (400, 422)
+
+
+def test_maps_land_on_different_workers_and_answer_as_one_process(cluster, tmp_path):
+    url, _ = cluster
+    with MapperClient(url, token=TOKEN) as c:
+        # placement by load: the worker with fewest maps, then fewest bytes in maps
+        def least_loaded():
+            ws = cluster_info(url)["workers"]
+            return min((len(w["maps"]), w["memory"]["maps_bytes"], w["worker"]) for w in ws)[2]
+
+        expect = least_loaded()
+        a = c.create_map(name="alpha", **CONFIG)["id"]
+        assert owner(url, a)["worker"] == expect
+        expect = least_loaded()
+        b = c.create_map(name="beta", **CONFIG)["id"]
+        assert owner(url, b)["worker"] == expect
+        with pytest.raises(ApiError) as e:
+            c.create_map(name="alpha", **CONFIG)  # names are unique over the cluster
+        assert e.value.status == 409
+        for i in range(2):  # maps land on both workers
+            assert cluster_info(url)["workers"][i]["maps"]
+        for i in range(6):
+            c.send_lidar(a, *scan(i), frame_id=f"a{i}")
+        with c.stream(b, window=4) as s:
+            for i in range(6):
+                s.send_lidar(*scan(i + 10), frame_id=f"b{i}")
+            s.flush()
+        assert {m["id"] for m in c.list_maps()} >= {a, b}
+        time.sleep(1.2)  # one more sample of the workers' frames/s after the last frame
+        wb = owner(url, b)
+        assert wb["frames_per_s"] > 0 and wb["memory"]["maps_bytes"] > 0 and wb["memory"]["rss_bytes"] > 0
+        assert isinstance(wb["node"], str) and wb["node"]
+        ref_a, ref_b = reference(6), reference(6, offset=10)
+        assert_same_tsdf(served_map(c, a, tmp_path / "a.st"), ref_a)
+        assert_same_tsdf(served_map(c, b, tmp_path / "b.st"), ref_b)
+        rng = np.random.default_rng(0)
+        pts = rng.uniform([-5, -5, -0.9], [5, 5, 1.5], (500, 3)).astype(np.float32)
+        t, w = c.query_tsdf(a, pts)
+        t_ref, w_ref = ref_a.query_tsdf(pts)
+        np.testing.assert_allclose(w, w_ref.numpy(), atol=1e-4)
+        np.testing.assert_allclose(np.nan_to_num(t, nan=9), np.nan_to_num(t_ref.numpy(), nan=9), atol=1e-4)
+        ref_b.update_esdf()
+        d, _, obs = c.query_distance(b, pts)
+        d_ref, _, obs_ref = ref_b.query_distance(pts)
+        np.testing.assert_array_equal(obs.astype(bool), obs_ref.numpy().astype(bool))
+        np.testing.assert_allclose(np.nan_to_num(d, nan=9), np.nan_to_num(d_ref.numpy(), nan=9), atol=1e-4)
+        assert len(c.mesh(a)["faces"]) > 0
+        assert c.esdf_slice_png(b, z=0.0)[:8] == b"\x89PNG\r\n\x1a\n"
+        c.delete_map(a)
+        with pytest.raises(ApiError) as e:
+            c.get_map(a)
+        assert e.value.status == 404
+    assert a not in owner(url, b)["maps"]
+    spec = httpx.get(f"{url}/openapi.json", timeout=30).json()  # the API of mapper serve + the cluster's
+    for path in ("/v1/maps/{map_id}/frames", "/v1/maps/{map_id}/query/distance", "/v1/cluster"):
+        assert path in spec["paths"], path
+    assert "post" in spec["paths"]["/v1/maps/{map_id}/move"] and "post" in spec["paths"]["/v1/maps"]
+    assert httpx.get(f"{url}/docs", timeout=30).status_code == 200
+    r = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {READ}"}, timeout=30)
+    assert r.status_code == 200 and 'worker="w0"' in r.text and 'worker="w1"' in r.text
+
+
+def test_sigkill_of_a_worker_mid_stream_loses_no_acked_frame(cluster, tmp_path):
+    url, _ = cluster
+    n_frames = 40
+    with MapperClient(url, token=TOKEN) as c:
+        mid = c.create_map(name="crash", **CONFIG)["id"]
+        hid = c.create_map(name="crash-http", **CONFIG)["id"]
+    victim = owner(url, mid)
+    h = {"Authorization": f"Bearer {TOKEN}"}
+    r = httpx.post(f"{url}/v1/maps/{hid}/move", json={"worker": victim["worker"]}, headers=h, timeout=120)
+    assert r.status_code == 200 and owner(url, hid)["worker"] == victim["worker"]
+    acks: list[dict] = []
+    errors: list[BaseException] = []
+    # HTTP frames into a second map of the same worker: (frame index, "acked" | "lost" (502)) in order
+    posted: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    post_errors: list[BaseException] = []
+
+    def post():
+        with MapperClient(url, token=TOKEN) as c2:
+            i = 0
+            while not stop.is_set() and i < 60:
+                try:
+                    c2.send_lidar(hid, *scan(i + 200))
+                    posted.append((i, "acked"))
+                except ApiError as e:
+                    if not (e.status == 502 and e.type == "worker_lost"):
+                        post_errors.append(e)
+                        return
+                    posted.append((i, "lost"))
+                except BaseException as e:
+                    post_errors.append(e)
+                    return
+                i += 1
+
+    poster = threading.Thread(target=post)
+    poster.start()
+
+    def stream():
+        try:
+            with MapperClient(url, token=TOKEN) as c2, c2.stream(mid, window=4) as s:
+                for i in range(n_frames):
+                    acks.extend(s.send_lidar(*scan(i), frame_id=f"f{i}"))
+                acks.extend(s.flush())
+        except BaseException as e:  # the kill cuts the stream
+            errors.append(e)
+
+    t = threading.Thread(target=stream)
+    t.start()
+    deadline = time.monotonic() + 120
+    while len(acks) < 10 and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(victim["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    t.join(90)
+    assert not t.is_alive()
+    assert errors, "the stream should have been cut by the kill"
+    n_acked = len(acks)
+    assert 10 <= n_acked < n_frames
+    assert [a["frame_id"] for a in acks] == [f"f{i}" for i in range(n_acked)]
+    with MapperClient(url, token=TOKEN) as c:
+        while True:  # the map answers again (Ray restarted the worker; it recovered the map)
+            try:
+                m = c.get_map(mid)
+                break
+            except (ApiError, httpx.HTTPError):
+                assert time.monotonic() - killed < 60, "the map did not answer within 60 s of the kill"
+                time.sleep(0.5)
+        assert time.monotonic() - killed < 60
+        now = owner(url, mid)
+        assert now["worker"] == victim["worker"] and now["pid"] != victim["pid"]
+        recovered = m["last_seq"]
+        assert n_acked <= recovered <= n_acked + 5
+        assert m["frames_integrated"] == recovered
+        assert_same_tsdf(served_map(c, mid, tmp_path / "after.st"), reference(recovered))
+        assert c.send_lidar(mid, *scan(99))["seq"] == recovered + 1  # and it keeps ingesting
+        # the HTTP map: requests that found the worker down waited for its restart; every acked frame is in
+        time.sleep(1.0)
+        stop.set()
+        poster.join(120)
+        assert not poster.is_alive() and not post_errors, post_errors
+        n_ok = sum(1 for _, st in posted if st == "acked")
+        lost = [i for i, st in posted if st == "lost"]
+        assert n_ok >= 2 and len(lost) <= 1, posted
+        m = c.get_map(hid)
+        assert n_ok <= m["last_seq"] == m["frames_integrated"] <= n_ok + len(lost)
+        kept = [i for i, st in posted if st == "acked" or m["last_seq"] > n_ok]
+        ref = Map(**CONFIG, device="cpu")
+        for i in kept:
+            ref.integrate_lidar(*scan(i + 200))
+        assert_same_tsdf(served_map(c, hid, tmp_path / "http.st"), ref)
+
+
+def test_move_mid_stream_loses_nothing(cluster, tmp_path):
+    url, _ = cluster
+    n_frames = 24
+    with MapperClient(url, token=TOKEN) as c:
+        mid = c.create_map(name="mover", **CONFIG)["id"]
+        hid = c.create_map(name="mover-http", **CONFIG)["id"]
+        src, hsrc = owner(url, mid)["worker"], owner(url, hid)["worker"]
+        acks: list[dict] = []
+        http_acks: list[dict] = []
+        moved: dict[str, tuple] = {}
+
+        def move(map_id, target, progress, after):
+            while len(progress) < after:
+                time.sleep(0.01)
+            r = httpx.post(
+                f"{url}/v1/maps/{map_id}/move",
+                json={"worker": target},
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                timeout=120,
+            )
+            moved[map_id] = (r, len(progress))  # how many frames were acked when the move was done
+
+        def post():  # HTTP frames into the second map while it moves: each must be acked, in order
+            with MapperClient(url, token=TOKEN) as c2:
+                for i in range(12):
+                    http_acks.append(c2.send_lidar(hid, *scan(i + 300)))
+
+        threads = [
+            threading.Thread(target=move, args=(mid, 1 - src, acks, 8)),
+            threading.Thread(target=move, args=(hid, 1 - hsrc, http_acks, 4)),
+            threading.Thread(target=post),
+        ]
+        for t in threads:
+            t.start()
+        with c.stream(mid, window=4) as s:
+            for i in range(n_frames):
+                acks.extend(s.send_lidar(*scan(i), frame_id=f"f{i}"))
+                if i > 8:
+                    time.sleep(0.05)
+            acks.extend(s.flush())
+        for t in threads:
+            t.join(120)
+        for map_id, target in ((mid, 1 - src), (hid, 1 - hsrc)):
+            r, done_at = moved[map_id]
+            assert r.status_code == 200, r.text
+            assert r.json()["worker"] == target and owner(url, map_id)["worker"] == target
+        assert moved[mid][1] < n_frames and moved[hid][1] < 12  # the moves finished mid-stream
+        assert [a["seq"] for a in http_acks] == list(range(1, 13))
+        assert_same_tsdf(served_map(c, hid, tmp_path / "moved-http.st"), reference(12, offset=300))
+        assert [a["frame_id"] for a in acks] == [f"f{i}" for i in range(n_frames)]
+        assert [a["seq"] for a in acks] == list(range(1, n_frames + 1))
+        m = c.get_map(mid)
+        assert m["last_seq"] == m["frames_integrated"] == n_frames
+        assert_same_tsdf(served_map(c, mid, tmp_path / "moved.st"), reference(n_frames))
+        # bad moves: unknown worker, unknown map, read token
+        h = {"Authorization": f"Bearer {TOKEN}"}
+        assert httpx.post(f"{url}/v1/maps/{mid}/move", json={"worker": 7}, headers=h).status_code == 422
+        assert httpx.post(f"{url}/v1/maps/nosuch/move", json={"worker": 0}, headers=h).status_code == 404
+        ro = {"Authorization": f"Bearer {READ}"}
+        assert httpx.post(f"{url}/v1/maps/{mid}/move", json={"worker": src}, headers=ro).status_code == 403
+
+
+def test_mapper_serve_ray_command(tmp_path):
+    """The real command: `mapper serve --ray` starts its own local Ray and one worker, serves the API, and
+    on SIGTERM stops with every map snapshotted in its worker's directory."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "mapper", "serve", "--ray", "--ray-workers", "1", "--port", str(port)]
+    cmd += ["--data-dir", str(tmp_path / "data"), "--device", "cpu", "--log-level", "warning"]
+    env = {**os.environ, "MAPPER_MALLOC_TRIM_S": "0", "MAPPER_QUERY_THREADS": "1"}
+    env.pop("RAY_ADDRESS", None)
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "mapper serve --ray did not become ready"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                    break
+            time.sleep(0.5)
+        with MapperClient(url) as c:
+            info = c._request("GET", "/v1/cluster").json()
+            assert [w["worker"] for w in info["workers"]] == [0] and info["workers"][0]["pid"] != proc.pid
+            mid = c.create_map(name="cli", **CONFIG)["id"]
+            assert c.send_lidar(mid, *scan(0))["seq"] == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its shutdown
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        log.close()
+    snap = MapDir(tmp_path / "data" / "workers" / "w0" / "maps" / mid, True).latest_snapshot()
+    assert snap is not None and snap.seq == 1, "the map was not snapshotted at shutdown"
+    assert_same_tsdf(Map.from_state_dict(*load_snapshot_file(snap.path), device="cpu"), reference(1))
+
+
+def test_errors_and_answers_match_mapper_serve(cluster, tmp_path):
+    """The same requests to the cluster and to a single-process app give the same status and error type
+    (auth, bad ids, bad bodies, bad parameters) and the same answers on an empty map."""
+    from fastapi.testclient import TestClient
+
+    from mapper.api import create_app
+
+    url, _ = cluster
+    single = create_app(
+        Settings(
+            data_dir=tmp_path / "single",
+            device="cpu",
+            snapshot_interval_s=0,
+            api_tokens=[TOKEN],
+            read_tokens=[READ],
+            malloc_trim_s=0,
+        )
+    )
+    full, ro = {"Authorization": f"Bearer {TOKEN}"}, {"Authorization": f"Bearer {READ}"}
+    with TestClient(single) as local, httpx.Client(base_url=url, timeout=60) as remote:
+        ids = {}
+        for name, cl in (("local", local), ("remote", remote)):
+            r = cl.post("/v1/maps", json={"name": "conform", **CONFIG}, headers=full)
+            assert r.status_code == 201, r.text
+            ids[name] = r.json()["id"]
+
+        def requests(mid):
+            j = {**full, "content-type": "application/json"}
+            return [
+                ("GET", "/v1/maps/bad!id", {}, full),
+                ("GET", "/v1/maps/nosuch", {}, full),
+                ("DELETE", "/v1/maps/nosuch", {}, full),
+                ("GET", f"/v1/maps/{mid}", {}, {}),
+                ("POST", f"/v1/maps/{mid}/frames", {"content": b"{}"}, ro),
+                ("POST", f"/v1/maps/{mid}/frames", {"content": b"not json"}, j),
+                ("POST", f"/v1/maps/{mid}/frames", {"content": b"x"}, {**full, "content-type": "text/plain"}),
+                ("POST", f"/v1/maps/{mid}/frames", {"json": {"kind": "lidar"}}, full),
+                ("POST", f"/v1/maps/{mid}/query/distance", {"json": {"points": [[0, 0]]}}, ro),
+                ("POST", f"/v1/maps/{mid}/query/tsdf", {"json": {"points": [[0, 0, 0], [1, 2, 3]]}}, ro),
+                ("POST", f"/v1/maps/{mid}/query/occupancy", {"json": {"points": [[0, 0, 0]]}}, ro),
+                ("GET", f"/v1/maps/{mid}/esdf/slice?z=abc", {}, ro),
+                ("GET", f"/v1/maps/{mid}/esdf/slice?z=0&x_min=1", {}, ro),
+                ("GET", f"/v1/maps/{mid}/mesh?format=bad", {}, ro),
+                ("POST", f"/v1/maps/{mid}/clear", {"json": {"aabb_min": [0, 0]}}, full),
+                ("POST", f"/v1/maps/{mid}/decay", {"json": {"factor": 2}}, full),
+                ("POST", "/v1/maps", {"json": {"name": "x", "bogus": 1}}, full),
+                ("POST", "/v1/maps", {"json": {"name": "conform"}}, full),
+                ("GET", "/v1/maps", {}, {"Authorization": "Bearer wrong"}),
+            ]
+
+        for (m, path, kw, h), (_, path2, kw2, _) in zip(
+            requests(ids["local"]), requests(ids["remote"]), strict=True
+        ):
+            a = local.request(m, path, headers=h, **kw)
+            b = remote.request(m, path2, headers=h, **kw2)
+            assert a.status_code == b.status_code, (m, path, a.text, b.text)
+            if a.status_code >= 400:
+                assert a.json()["type"] == b.json()["type"], (m, path, a.text, b.text)
+            elif "query" in path:
+                assert a.json() == b.json(), (path, a.text, b.text)
