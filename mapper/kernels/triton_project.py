@@ -101,6 +101,8 @@ def project_update_launch(pool, bricks, slots, depth, K, T, color, tau, s, max_r
     prm += [*tt[:3, 3].tolist(), float(s), float(tau), float(max_range)]
     prm_t = torch.tensor(prm, dtype=torch.float64).to(dev, non_blocking=True)
     has_color = color is not None and "color" in pool.fields
+    for name in ("tsdf", "weight", *(("color", "color_weight") if has_color else ())):
+        pool.prepare_write(name, slots)  # copy-on-write of pages a published read view holds
     block = 256
     pt = pool.page_table
     n_pages = len(pool.page_starts) - 1
