@@ -49,7 +49,9 @@ async def post_frame(request: Request, entry: EntryDep):
         frame, record = await asyncio.to_thread(_decode, msg, entry.service.limits, False)
     fut = entry.submit_nowait("frame", frame, record)
     ack = await fut
-    entry.metrics.ack.labels("http").observe(time.perf_counter() - t0)
+    dt = time.perf_counter() - t0
+    entry.metrics.ack.labels("http").observe(dt)
+    entry.metrics.map_ack.labels(entry.id, "http").observe(dt)
     return reply(request, ack)
 
 
@@ -94,7 +96,9 @@ async def stream_frames(ws: WebSocket, map_id: str):
             fut, t0, fid = item
             try:
                 msg = await fut
-                metrics.ack.labels("ws").observe(time.perf_counter() - t0)
+                dt = time.perf_counter() - t0
+                metrics.ack.labels("ws").observe(dt)
+                metrics.map_ack.labels(entry.id, "ws").observe(dt)
             except MapperError as e:
                 msg = {**error_body(e), "status": status_of(e)}
                 if fid is not None:

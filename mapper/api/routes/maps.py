@@ -66,7 +66,7 @@ async def list_maps(service: ServiceDep) -> MapList:
 @router.get("/{map_id}", response_model=MapDetail)
 async def get_map(entry: EntryDep) -> MapDetail:
     """The map's config and ``stats()`` (voxels and bytes per layer, frames, last stage timings)."""
-    stats = await entry.read(lambda m: m.stats(), exclusive=True)
+    stats = await entry.read(lambda m: m.stats())
     snap = entry.last_snapshot
     info = None
     if snap is not None:
