@@ -266,3 +266,33 @@ def test_sigkill_during_group_commit_loses_no_acknowledged_frame(tmp_path):
     torch.testing.assert_close(a["tsdf"], b["tsdf"], rtol=0, atol=1e-6)
     assert served.frames_integrated == recovered
     print(f"acked {len(acked)}, recovered {recovered}, records per fsync max {max(commits)}")
+
+
+def test_dashboard_queries_only_exported_series(tmp_path):
+    """Every series the Grafana dashboard (k8s/grafana-dashboard.json) asks for is on /metrics after a
+    frame and a read, including the real-time ones (per-map ack/read latency, version, lag, CoW)."""
+    import json
+    import re
+    from pathlib import Path
+
+    dash = json.loads((Path(__file__).resolve().parents[1] / "k8s" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    wanted = {m for e in exprs for m in re.findall(r"\bmapper_[a-z_]+", e)}
+    assert {"mapper_map_ack_seconds_bucket", "mapper_read_version_lag_bucket", "mapper_map_version"} <= wanted
+    with client(tmp_path) as c:
+        mid = c.post(
+            "/v1/maps", json={"name": "d", "voxel_size_m": VOXEL, "layers": ["tsdf", "esdf"]}
+        ).json()["id"]
+        with c.websocket_connect(f"/v1/maps/{mid}/stream") as ws:
+            pts, T = scan(0, N_POINTS)
+            ws.send_bytes(wire.packb(wire.lidar_message(pts, T, 0.0)))
+            ack = msgpack.unpackb(ws.receive_bytes())
+        _post(c, mid, 1)
+        assert _distance(c, mid)["map_version"] == 2 == ack["map_version"] + 1
+        text = c.get("/metrics").text
+    families = re.findall(r"^# TYPE (mapper_[a-z_]+) (\w+)", text, re.M)  # series with no sample yet too
+    suffixes = {"counter": ("", "_total"), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    exported = {f + x for f, kind in families for x in suffixes.get(kind, ("",))}
+    assert wanted <= exported, sorted(wanted - exported)
+    assert re.search(rf'mapper_map_version\{{map="{mid}",name="d"\}} 2\.0', text)
+    assert re.search(rf'mapper_map_ack_seconds_count\{{map="{mid}",name="d",transport="ws"\}} 1\.0', text)

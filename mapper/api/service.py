@@ -205,11 +205,12 @@ class MapEntry:
         integrated meanwhile does not delay it. ``esdf``: the read needs the ESDF; with the lazy ESDF
         (``MAPPER_ESDF_UPDATE=lazy``) a stale one is brought up to date on the writer first (that read
         waits for the writer). ``exclusive`` is accepted for older callers and changes nothing."""
-        if esdf and self.esdf_dirty and "esdf" in self.map.layers:
+        view = self.view
+        if esdf and "esdf" in view.layers and view.esdf_dirty:  # (eager: only after a restart or a failure)
             await asyncio.get_running_loop().run_in_executor(
                 self.executor, _no_oom(self._update_esdf_and_publish, f"map {self.id!r}: ESDF update")
             )
-        view = self.view
+            view = self.view
 
         @_no_oom_deco(f"map {self.id!r}: query")
         def call():
@@ -428,7 +429,7 @@ class MapEntry:
         self.esdf_dirty = False
 
     def _update_esdf_and_publish(self) -> None:
-        if self.esdf_dirty:
+        if self.esdf_dirty or self.map.esdf_dirty:
             self._update_esdf()
             self._publish()
 
