@@ -299,7 +299,7 @@ class FoxgloveBridge:
             chans.tf.log(sensor_transform(pose, name, now))
             st["z"] = float(pose[2, 3])
         st["poses"] = first + T.shape[0]
-        version = entry.map.version
+        version = entry.view.version  # the published version (what the reads here see)
         if (
             "esdf" in layers
             and version != st["slice_version"]
