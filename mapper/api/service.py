@@ -83,6 +83,7 @@ class Op:
     seq: int = 0
     error: BaseException | None = None  # failed before logging (tracking): never written to the WAL
     registration: dict | None = None  # ICP statistics of a frame whose pose the map estimated
+    growth: Any = None  # mapper.budget.Growth computed before queueing (MapEntry.bound), or None
 
 
 _STOP = object()
@@ -170,17 +171,33 @@ class MapEntry:
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"writer-{self.id}")
 
-    def _op(self, kind: str, args, record: bytes | None = None) -> Op:
+    def _op(self, kind: str, args, record: bytes | None = None, growth=None) -> Op:
         if self.closed:
             raise NotFound(f"map {self.id!r} is being deleted or the service is stopping")
         if kind == "frame" and args.T_world_sensor is not None:
             self.map.check_sensor_pose(args.T_world_sensor)  # inside the map's range, before it is logged
         rec = record if record is not None else encode_record(kind, args)
-        return Op(kind, args, rec, asyncio.get_running_loop().create_future())
+        return Op(kind, args, rec, asyncio.get_running_loop().create_future(), growth=growth)
 
-    def submit_nowait(self, kind: str, args, record: bytes | None = None) -> asyncio.Future:
+    def bound(self, frame) -> budget.Growth | None:
+        """Any thread, before queueing: the growth bound of a posed frame (``mapper.budget``: it depends on
+        the frame and the map's configuration only), so that the writer only compares it with the room left
+        (``_admit``) instead of computing it between integrations. None for a LiDAR frame without a pose
+        (bounded after tracking, on the writer) or when the bound fails (the writer reports it)."""
+        if frame.T_world_sensor is None:
+            return None
+        try:
+            used = sum(e.bytes for e in list(self.service.maps.values()))
+            room = min(self.budget - self.bytes, self.service.memory_budget - used)
+            if isinstance(frame, wire.LidarFrame):
+                return budget.lidar_growth(self.view, frame.points, frame.T_world_sensor, room)
+            return budget.depth_growth(self.view, frame.depth_m, frame.K, frame.T_world_sensor, room)
+        except Exception:
+            return None
+
+    def submit_nowait(self, kind: str, args, record: bytes | None = None, growth=None) -> asyncio.Future:
         """Queue an operation or raise ``Busy`` when the map's queue is full (HTTP ingest)."""
-        op = self._op(kind, args, record)
+        op = self._op(kind, args, record, growth)
         try:
             self.queue.put_nowait(op)
         except asyncio.QueueFull:
@@ -191,9 +208,9 @@ class MapEntry:
         self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
         return op.future
 
-    async def submit(self, kind: str, args, record: bytes | None = None) -> asyncio.Future:
+    async def submit(self, kind: str, args, record: bytes | None = None, growth=None) -> asyncio.Future:
         """Queue an operation, waiting for room (WebSocket backpressure, maintenance operations)."""
-        op = self._op(kind, args, record)
+        op = self._op(kind, args, record, growth)
         await self.queue.put(op)
         self.in_flight += 1
         self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
@@ -303,14 +320,16 @@ class MapEntry:
                 continue
             f = op.args
             room = min(self.budget - self.bytes, self.service.memory_budget - others - self.bytes) - reserved
-            try:
-                if isinstance(f, wire.LidarFrame):
-                    g = budget.lidar_growth(self.map, f.points, f.T_world_sensor, room)
-                else:
-                    g = budget.depth_growth(self.map, f.depth_m, f.K, f.T_world_sensor, room)
-            except MapperError as e:
-                op.error = e
-                continue
+            g = op.growth  # computed before queueing (bound()); recomputed here when it does not fit
+            if g is None or g.bytes + g.transient > room:
+                try:
+                    if isinstance(f, wire.LidarFrame):
+                        g = budget.lidar_growth(self.map, f.points, f.T_world_sensor, room)
+                    else:
+                        g = budget.depth_growth(self.map, f.depth_m, f.K, f.T_world_sensor, room)
+                except MapperError as e:
+                    op.error = e
+                    continue
             need = self.bytes + reserved + g.bytes + g.transient
             which = None
             if need > self.budget:
