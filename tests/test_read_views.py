@@ -12,7 +12,7 @@ from mapper import Map
 from mapper.layers import FieldSpec, PagedPool
 
 
-def test_frozen_pool_keeps_its_pages_and_copies_only_touched_pages(device):
+def test_frozen_pool_keeps_its_pages_and_copies_only_touched_pages(device, backend):
     pool = PagedPool({"a": FieldSpec(torch.float32)}, device, page_bricks=4, first_page_bricks=4)
     slots = pool.alloc(12)  # 3 pages of 4 bricks
     pool.scatter("a", slots, torch.arange(12, dtype=torch.float32, device=device)[:, None].expand(12, 64))
@@ -76,7 +76,11 @@ def test_view_is_the_version_it_was_taken_at(layers, device):
     d1 = v.query_distance(q)
     for x, y in zip(d0, d1, strict=True):
         torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
-    assert torch.equal(v.mesh().vertices, mesh0.vertices)  # the same view: the same answer
+
+    def rows(mesh):  # vertex set (the GPU extraction's order depends on atomics)
+        return np.unique(mesh.vertices.cpu().numpy(), axis=0)
+
+    np.testing.assert_array_equal(rows(v.mesh()), rows(mesh0))  # the same view: the same answer
     assert v.trajectory()[0].shape[0] == 2 and m.trajectory()[0].shape[0] == 6
     with pytest.raises(RuntimeError, match="read_view"):
         v.integrate_lidar(*scan(9))
