@@ -80,7 +80,7 @@ def test_read_during_a_long_batch_returns_the_previous_version(tmp_path):
             during = _distance(c, mid)  # ... the read answers from version 1, while the batch is open
             slice_ = c.get(f"/v1/maps/{mid}/esdf/slice", params={"z": 0.5, "format": "msgpack"})
             mesh = c.get(f"/v1/maps/{mid}/mesh")
-            listed = c.get(f"/v1/maps/{mid}").json()
+            listed = c.get(f"/v1/maps/{mid}")
             dt = time.perf_counter() - t0
             assert not release.is_set() and t.is_alive() and not ack  # the batch has not ended
         finally:
@@ -90,7 +90,8 @@ def test_read_during_a_long_batch_returns_the_previous_version(tmp_path):
         assert slice_.status_code == 200 and slice_.headers["x-map-version"] == "1"
         assert msgpack.unpackb(slice_.content)["map_version"] == 1
         assert mesh.status_code == 200 and mesh.headers["x-map-version"] == "1"
-        assert listed["version"] == 1 and listed["frames_integrated"] == 1
+        assert listed.headers["x-map-version"] == "1"
+        assert listed.json()["version"] == 1 and listed.json()["frames_integrated"] == 1
         np.testing.assert_array_equal(np.asarray(during["distance"]), _dist_of(_oracle([(0, 0)])))
         assert ack and ack[0]["map_version"] == 2
         after = _distance(c, mid)  # after the ack: the new version (read-your-writes)
