@@ -297,3 +297,44 @@ def test_dashboard_queries_only_exported_series(tmp_path):
     assert wanted <= exported, sorted(wanted - exported)
     assert re.search(rf'mapper_map_version\{{map="{mid}",name="d"\}} 2\.0', text)
     assert re.search(rf'mapper_map_ack_seconds_count\{{map="{mid}",name="d",transport="ws"\}} 1\.0', text)
+
+
+def test_queued_frames_share_one_group_commit_and_one_esdf_update(tmp_path):
+    """Frames that queue up while the writer is busy go through in one batch: one fsync, one ESDF update,
+    one published version; every ack's read sees an ESDF that includes its frame."""
+    import re
+
+    def counts(text):
+        esdf = re.search(r'mapper_stage_seconds_count\{stage="esdf"\} (\S+)', text)
+        fsync = re.search(r"mapper_wal_fsync_seconds_count (\S+)", text)
+        return float(esdf.group(1)) if esdf else 0.0, float(fsync.group(1))
+
+    with client(tmp_path, max_batch=8) as c:
+        mid = c.post(
+            "/v1/maps", json={"name": "b", "voxel_size_m": VOXEL, "layers": ["tsdf", "esdf"]}
+        ).json()["id"]
+        entry = c.app.state.service.maps[mid]
+        esdf0, fsync0 = counts(c.get("/metrics").text)
+        acks: dict[int, dict] = {}
+        threads = [threading.Thread(target=lambda i=i: acks.update({i: _post(c, mid, i)})) for i in range(4)]
+        with entry.write_gate:  # the writer takes frame 0 and waits here; frames 1-3 queue behind it
+            threads[0].start()
+            deadline = time.monotonic() + 60
+            while entry.last_seq < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            for t in threads[1:]:
+                t.start()
+            while entry.queue.qsize() < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert entry.queue.qsize() == 3 and entry.view.version == 0  # nothing published yet
+        for t in threads:
+            t.join(60)
+        esdf1, fsync1 = counts(c.get("/metrics").text)
+        assert (esdf1 - esdf0, fsync1 - fsync0) == (2, 2)  # two batches: [0] and [1, 2, 3]
+        assert acks[0]["map_version"] == 1 and sorted(a["map_version"] for a in acks.values()) == [1, 2, 3, 4]
+        q = _distance(c, mid)
+        assert q["map_version"] == 4
+        order = sorted(acks, key=lambda i: acks[i]["seq"])
+        np.testing.assert_allclose(
+            q["distance"], _dist_of(_oracle([(i, 0) for i in order])), rtol=0, atol=1e-5, equal_nan=True
+        )
