@@ -69,6 +69,11 @@ def test_read_during_a_long_batch_returns_the_previous_version(tmp_path):
             assert release.wait(60)
             return res
 
+        if sys.platform.startswith("linux"):  # the writer runs MAPPER_WRITER_NICE (5) steps below the reads
+            import os
+
+            nice = entry.executor.submit(os.getpriority, os.PRIO_PROCESS, 0).result()
+            assert nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
         entry._apply = slow_apply
         ack: list[dict] = []
         t = threading.Thread(target=lambda: ack.append(_post(c, mid, 1)))

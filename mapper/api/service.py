@@ -23,6 +23,7 @@ import math
 import os
 import re
 import secrets
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -150,7 +151,12 @@ class MapEntry:
         self.last_snapshot: Snapshot | None = None
         self.esdf_dirty = "esdf" in m.layers
         self.queue: asyncio.Queue = asyncio.Queue(self.settings.queue_depth)
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"map-{self.id}")
+        self.executor = ThreadPoolExecutor(
+            1,
+            thread_name_prefix=f"map-{self.id}",
+            initializer=_lower_priority,
+            initargs=(self.settings.writer_nice,),
+        )
         self.wal = mdir.open_wal(last_seq + 1)
         self.wal_bytes_since_snapshot = 0
         self.snap_lock = asyncio.Lock()
@@ -547,6 +553,16 @@ class MapEntry:
             "memory_bytes": self.bytes,
             "memory_budget_bytes": self.budget,
         }
+
+
+def _lower_priority(nice: int) -> None:
+    """Writer threads: run ``nice`` steps below the rest of the process (Linux: per thread), so that reads
+    get the cores first when they are short; integration takes what is left (its queue absorbs it)."""
+    if nice > 0 and hasattr(os, "setpriority") and sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            os.setpriority(
+                os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice
+            )
 
 
 def _layers_of(m: Map):
