@@ -9,9 +9,9 @@ OUT=${OUT:-/tmp/out}/s2-service
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
-timeout 45 python3 -m pytest -q -p no:cacheprovider tests/test_read_views.py -k cuda 2>&1 | tail -15 > "$OUT/tests.log"
+timeout 40 python3 -m pytest -q -p no:cacheprovider tests/test_read_views.py -k cuda 2>&1 | tail -15 > "$OUT/tests.log"
 timeout 35 python3 benchmarks/bench_read_views.py --device cuda --voxel 0.1 --frames 30 \
   --out "$OUT/read_views_h200.md" > "$OUT/read_views.log" 2>&1
-timeout 65 python3 benchmarks/bench_service.py --device cuda --cases query --voxel 0.1 --query-writers 4 \
+timeout 70 python3 benchmarks/bench_service.py --device cuda --cases query --voxel 0.1 --query-writers 4 \
   --warmup 5 --duration 15 --idle-duration 5 --out "$OUT/service_query_h200.md" > "$OUT/service_query.log" 2>&1
 tail -5 "$OUT"/*.log
