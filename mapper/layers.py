@@ -18,6 +18,7 @@ index is ``((i>>2)&1)<<2 | ((j>>2)&1)<<1 | ((k>>2)&1)``; inside a brick the offs
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass
 
 import torch
@@ -95,6 +96,7 @@ class PagedPool:
         self._shared: dict[str, list[bool]] = {k: [] for k in fields}  # per page: held by a frozen view
         self.read_only = False  # a view from freeze(): writes raise
         self.cow_bytes = 0  # bytes copied by copy-on-write so far (the cost of publishing versions)
+        self.cow_seconds = 0.0  # host time spent copying them (on CUDA: launching the copies)
 
     # -- capacity -----------------------------------------------------------------------------------
     @property
@@ -149,6 +151,7 @@ class PagedPool:
                 self.page_start_table()[1:], slots.reshape(-1).to(torch.int64), right=True
             )
             touched = torch.unique(page).tolist()
+        t = time.perf_counter()
         for p in touched:
             if p < len(shared) and shared[p]:
                 old = self.pages[name][p]
@@ -156,6 +159,7 @@ class PagedPool:
                 shared[p] = False
                 self.cow_bytes += old.numel() * old.element_size()
                 self._tables = None
+        self.cow_seconds += time.perf_counter() - t
 
     def alloc(self, n: int) -> torch.Tensor:
         """int64 ``[n]`` fresh slots, their voxels set to each field's fill value."""
