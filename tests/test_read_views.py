@@ -90,3 +90,18 @@ def test_view_is_the_version_it_was_taken_at(layers, device):
     ref.update_esdf()
     ref.clear([-1, -1, -1], [1, 1, 1])
     _layers_equal(m, ref, atol)
+
+
+def test_old_version_pages_are_freed_when_no_reader_holds_them():
+    import gc
+    import weakref
+
+    pool = PagedPool({"a": FieldSpec(torch.float32)}, torch.device("cpu"), page_bricks=4, first_page_bricks=4)
+    slots = pool.alloc(8)
+    view = pool.freeze()
+    old = weakref.ref(view.pages["a"][0])
+    pool.scatter("a", slots[:1], torch.ones((1, 64)))  # page 0 copied: the old page lives in the view only
+    assert old() is not None and old() is not pool.pages["a"][0]
+    del view
+    gc.collect()
+    assert old() is None  # freed with the last reader's view: memory back to the map's own pages
