@@ -12,7 +12,13 @@ from mapper import Map
 from mapper.layers import FieldSpec, PagedPool
 
 
-def test_frozen_pool_keeps_its_pages_and_copies_only_touched_pages(device, backend):
+@pytest.mark.parametrize("copy_all_below", [0, 1 << 30])
+def test_frozen_pool_keeps_its_pages_and_copies_only_touched_pages(
+    device, backend, copy_all_below, monkeypatch
+):
+    monkeypatch.setattr("mapper.layers.COW_ALL_BYTES", copy_all_below)
+    precise = device.type == "cpu" or copy_all_below == 0  # CUDA, small field: all shared pages, no sync
+    page = 4 * 64 * 4  # 4 bricks x 64 float32
     pool = PagedPool({"a": FieldSpec(torch.float32)}, device, page_bricks=4, first_page_bricks=4)
     slots = pool.alloc(12)  # 3 pages of 4 bricks
     pool.scatter("a", slots, torch.arange(12, dtype=torch.float32, device=device)[:, None].expand(12, 64))
@@ -24,13 +30,13 @@ def test_frozen_pool_keeps_its_pages_and_copies_only_touched_pages(device, backe
     assert torch.equal(after[5], torch.full((64,), -1.0, device=device)) and torch.equal(
         after[:5], before[:5]
     )
-    assert pool.cow_bytes == 4 * 64 * 4  # one page of 4 bricks x 64 float32 copied
-    assert view.pages["a"][0] is pool.pages["a"][0] and view.pages["a"][2] is pool.pages["a"][2]
+    assert pool.cow_bytes == (page if precise else 3 * page)  # the touched page (or all three) copied
+    assert (view.pages["a"][0] is pool.pages["a"][0]) == precise == (view.pages["a"][2] is pool.pages["a"][2])
     assert view.pages["a"][1] is not pool.pages["a"][1]
     pool.scatter(
         "a", slots[6:7], torch.zeros((1, 64), device=device)
     )  # page 1 is private now: no second copy
-    assert pool.cow_bytes == 4 * 64 * 4
+    assert pool.cow_bytes == (page if precise else 3 * page)
     with pytest.raises(RuntimeError, match="read-only"):
         view.scatter("a", slots[:1], torch.zeros((1, 64), device=device))
     # a freed slot reused for a new brick copies its page too (alloc fills it)

@@ -139,7 +139,7 @@ class MapEntry:
         self.name: str = info["name"]
         self.metrics.map_names[self.id] = self.name  # the `name` label of the map's series
         self.map = m  # the writer's map: only the writer thread touches it
-        self.view: Map = m.read_view()  # the last published version: what reads see (swapped per batch)
+        self.view: Map = _make_view(m)  # the last published version: what reads see (swapped per batch)
         # held by the writer while it integrates a batch (after the WAL fsync); holding it from elsewhere
         # pauses the writer there (tests use it to hold a batch open); reads never take it
         self.write_gate = threading.Lock()
@@ -237,7 +237,7 @@ class MapEntry:
 
         @_no_oom_deco(f"map {self.id!r}: query")
         def call():
-            out = fn(view)
+            out = _run_on_view(fn, view)
             self.metrics.version_lag.labels(self.id).observe(max(0, self.view.version - view.version))
             return out
 
@@ -463,7 +463,7 @@ class MapEntry:
         the previous view lives on while a reader holds it, then its private pages are freed)."""
         t = time.perf_counter()
         before = self.cow_bytes()
-        view = self.map.read_view()
+        view = _make_view(self.map)
         if view.version < self.view.version:  # cannot happen: versions only grow; never publish backwards
             raise RuntimeError(f"map {self.id!r}: version {view.version} after {self.view.version}")
         self.view = view
@@ -553,6 +553,37 @@ class MapEntry:
             "memory_bytes": self.bytes,
             "memory_budget_bytes": self.budget,
         }
+
+
+def _make_view(m: Map) -> Map:
+    """``m.read_view()``; on CUDA with an event recorded after the writer's work so far, which readers on
+    their own streams wait for (on the device, no host sync)."""
+    view = m.read_view()
+    if m.device.type == "cuda":
+        view._published = torch.cuda.Event()
+        view._published.record()
+    return view
+
+
+_reader = threading.local()
+
+
+def _run_on_view(fn, view: Map):
+    """Run ``fn(view)`` in a query-pool thread. On CUDA on the thread's own stream, after the view's publish
+    event, so that a read's kernels do not queue behind the writer's on the default stream; the stream is
+    synchronised before the view (and what it allocated) is let go."""
+    ev = getattr(view, "_published", None)
+    if ev is None:
+        return fn(view)
+    stream = getattr(_reader, "stream", None)
+    if stream is None or stream.device != view.device:
+        stream = _reader.stream = torch.cuda.Stream(view.device)
+    stream.wait_event(ev)
+    try:
+        with torch.cuda.stream(stream):
+            return fn(view)
+    finally:
+        stream.synchronize()
 
 
 def _lower_priority(nice: int) -> None:
