@@ -575,9 +575,10 @@ def _run_on_view(fn, view: Map):
     ev = getattr(view, "_published", None)
     if ev is None:
         return fn(view)
-    stream = getattr(_reader, "stream", None)
-    if stream is None or stream.device != view.device:
-        stream = _reader.stream = torch.cuda.Stream(view.device)
+    streams = _reader.__dict__.setdefault("streams", {})  # this thread's stream per device
+    stream = streams.get(view.device)
+    if stream is None:
+        stream = streams[view.device] = torch.cuda.Stream(view.device)
     stream.wait_event(ev)
     try:
         with torch.cuda.stream(stream):
