@@ -4,6 +4,11 @@ ingest load. Writes a markdown report.
 
     python benchmarks/bench_service.py --device cpu --out benchmarks/results/service_cpu.md
     python benchmarks/bench_service.py --device cuda --out benchmarks/results/service_h200.md   # GPU
+    python benchmarks/bench_service.py --cases query --out benchmarks/results/service_query_cpu.md
+
+``--cases query`` runs only the read-latency case (issue 13): distance queries on an idle map, then the
+same queries while ``--query-writers`` clients stream into that map; the target is query p99 under load
+<= 3 x the idle p50 + 20 ms (reads never wait for a batch: they run on the last published version).
 
 It starts ``mapper serve`` on a free loopback port with a temporary data directory (WAL fsync on, as in
 production) unless ``--url`` points at a running server. Each client streams into its own map (a robot
@@ -167,6 +172,82 @@ def run_queries(url, token, map_id, points, stop, warm_until, case: Case):
                 case.qlat.append(now - t)
 
 
+def run_query_case(url, token, args, frames_per_client) -> dict:
+    """Idle distance-query latency on a map, then the same queries while ``args.query_writers`` clients
+    stream into that map; returns the latencies (s) and the map versions the loaded queries read."""
+    layers = args.layers.split(",")
+    with MapperClient(url, token=token, timeout=600) as c:
+        mid = c.create_map(voxel_size_m=args.voxel, layers=layers, max_range_m=100.0)["id"]
+        for body in frames_per_client[0][:2]:  # a map with content
+            c._http.post(f"/v1/maps/{mid}/frames", content=body, headers={"content-type": wire.MSGPACK})
+        qpts = np.random.default_rng(7).uniform([-15, -12, -1.5], [15, 12, 3], (args.query_points, 3))
+        body = wire.packb({"points": wire.encode_array(qpts)})
+        hdr = {"content-type": wire.MSGPACK, "accept": wire.MSGPACK}
+
+        def query():
+            t = time.perf_counter()
+            r = c._http.post(f"/v1/maps/{mid}/query/distance", content=body, headers=hdr)
+            r.raise_for_status()
+            return time.perf_counter() - t, int(r.headers.get("x-map-version", -1))
+
+        for _ in range(3):
+            query()  # warm-up
+        idle = []
+        t_end = time.perf_counter() + args.idle_duration
+        while time.perf_counter() < t_end:
+            idle.append(query()[0])
+        case = Case(f"{args.query_writers} writers (ws) on one map", "ws", args.query_writers)
+        stop = threading.Event()
+        warm_until = time.perf_counter() + args.warmup
+        writers = [
+            threading.Thread(
+                target=run_client,
+                args=(url, token, mid, frames_per_client[k], "ws", args.window, stop, warm_until, case),
+            )
+            for k in range(args.query_writers)
+        ]
+        for t in writers:
+            t.start()
+        loaded, versions = [], []
+        t_end = warm_until + args.duration
+        while time.perf_counter() < t_end:
+            dt, v = query()
+            if time.perf_counter() >= warm_until:
+                loaded.append(dt)
+                versions.append(v)
+        stop.set()
+        case.seconds = time.perf_counter() - warm_until
+        for t in writers:
+            t.join(600)
+        c.delete_map(mid)
+    return {"idle": idle, "loaded": loaded, "versions": versions, "ingest": case}
+
+
+def query_report(q: dict, args) -> list[str]:
+    idle, loaded, ing = q["idle"], q["loaded"], q["ingest"]
+    target = 3 * pct(idle, 50) + 20
+    p99 = pct(loaded, 99)
+    fps = ing.frames / ing.seconds if ing.seconds > 0 else float("nan")
+    v = q["versions"]
+    monotonic = all(a <= b for a, b in zip(v, v[1:], strict=False))
+    return [
+        "",
+        f"## Reads under ingest ({args.query_writers} WebSocket writers on the queried map)",
+        "",
+        "| | queries | p50 (ms) | p99 (ms) | max (ms) |",
+        "|---|---|---|---|---|",
+        f"| idle map | {len(idle)} | {pct(idle, 50):.1f} | {pct(idle, 99):.1f} | {pct(idle, 100):.1f} |",
+        f"| under ingest | {len(loaded)} | {pct(loaded, 50):.1f} | {p99:.1f} | {pct(loaded, 100):.1f} |",
+        "",
+        f"- ingest meanwhile: {ing.frames} frames acked, {fps:.2f} frames/s, "
+        f"ack p50 {pct(ing.lat, 50):.0f} ms, p99 {pct(ing.lat, 99):.0f} ms",
+        f"- versions read under ingest: {len(set(v))} distinct, "
+        f"from {min(v, default=-1)} to {max(v, default=-1)} (never decreasing: {monotonic})",
+        f"- target: p99 under load <= 3 x idle p50 + 20 ms = {target:.1f} ms: "
+        f"**{'PASS' if p99 <= target else 'FAIL'}** ({p99:.1f} ms)",
+    ]
+
+
 def run_case(url, token, case: Case, args, frames_per_client, queries: bool) -> Case:
     with MapperClient(url, token=token) as c:
         if args.shared_map:
@@ -237,6 +318,9 @@ def main(argv=None) -> None:
     ap.add_argument("--shared-map", action="store_true")
     ap.add_argument("--distinct-frames", type=int, default=6, help="pre-encoded frames per client (cycled)")
     ap.add_argument("--out", type=Path, help="write the markdown report here")
+    ap.add_argument("--cases", default="ingest,query", help="ingest (the transport x clients matrix), query")
+    ap.add_argument("--query-writers", type=int, default=2, help="writers on the queried map (query case)")
+    ap.add_argument("--idle-duration", type=float, default=10.0, help="seconds of idle queries (query case)")
     args = ap.parse_args(argv)
 
     server = None
@@ -251,7 +335,8 @@ def main(argv=None) -> None:
         with MapperClient(url, token=args.token) as c:
             c.wait_ready(120)
         counts = [int(x) for x in args.clients.split(",")]
-        nmax = max(counts)
+        nmax = max(*counts, args.query_writers)
+        todo = args.cases.split(",")
         print(f"encoding {args.distinct_frames} x {nmax} frames of {args.points} points ...", file=sys.stderr)
         frames = [
             [
@@ -261,14 +346,19 @@ def main(argv=None) -> None:
             for k in range(nmax)
         ]
         cases = []
-        for transport in args.transports.split(","):
-            for n in counts:
-                case = Case(f"{transport} x{n}", transport, n)
-                print(f"running {case.name} ...", file=sys.stderr, flush=True)
-                cases.append(run_case(url, args.token, case, args, frames, queries=False))
-        qcase = Case(f"ws x{nmax} + distance queries", "ws", nmax)
-        print(f"running {qcase.name} ...", file=sys.stderr, flush=True)
-        run_case(url, args.token, qcase, args, frames, queries=True)
+        if "ingest" in todo:
+            for transport in args.transports.split(","):
+                for n in counts:
+                    case = Case(f"{transport} x{n}", transport, n)
+                    print(f"running {case.name} ...", file=sys.stderr, flush=True)
+                    cases.append(run_case(url, args.token, case, args, frames, queries=False))
+            qcase = Case(f"ws x{max(counts)} + distance queries", "ws", max(counts))
+            print(f"running {qcase.name} ...", file=sys.stderr, flush=True)
+            cases.append(run_case(url, args.token, qcase, args, frames, queries=True))
+        qres = None
+        if "query" in todo:
+            print("running the query case (idle, then under ingest) ...", file=sys.stderr, flush=True)
+            qres = run_query_case(url, args.token, args, frames)
         with MapperClient(url, token=args.token) as c:
             ready = c._http.get("/readyz").json()
     finally:
@@ -294,22 +384,28 @@ def main(argv=None) -> None:
         f"WebSocket window {args.window}; {args.warmup:.0f} s warm-up then "
         f"{args.duration:.0f} s measured per case; clients on the same machine as the server",
         "",
-        "| case | frames | frames/s | ack p50 (ms) | ack p99 (ms) | query p50 (ms) | query p99 (ms) "
-        "| queries |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for cs in [*cases, qcase]:
+    if cases:
+        lines += [
+            "| case | frames | frames/s | ack p50 (ms) | ack p99 (ms) | query p50 (ms) | query p99 (ms) "
+            "| queries |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+    for cs in cases:
         fps = cs.frames / cs.seconds if cs.seconds > 0 else float("nan")
         q50 = f"{pct(cs.qlat, 50):.1f}" if cs.qlat else "-"
         q99 = f"{pct(cs.qlat, 99):.1f}" if cs.qlat else "-"
         lat = f"{pct(cs.lat, 50):.0f} | {pct(cs.lat, 99):.0f}"
         lines.append(f"| {cs.name} | {cs.frames} | {fps:.2f} | {lat} | {q50} | {q99} | {len(cs.qlat)} |")
-    lines += [
-        "",
-        f"Query case: {args.query_points} random points per distance query, one query client issuing "
-        "back to back while the ingest clients stream. Targets (issue, H200): >= 100 frames/s at 20 cm "
-        "from 4 clients, query p99 <= 10 ms under that load.",
-    ]
+    if cases:
+        lines += [
+            "",
+            f"Query case: {args.query_points} random points per distance query, one query client issuing "
+            "back to back while the ingest clients stream. Targets (issue, H200): >= 100 frames/s at 20 cm "
+            "from 4 clients, query p99 <= 10 ms under that load.",
+        ]
+    if qres is not None:
+        lines += query_report(qres, args)
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:

@@ -251,6 +251,7 @@ class FoxgloveBridge:
                 st["mesh_version"] = None
                 st["poses"] = 0
                 st["slice_version"] = None
+                st["subscribed"] = st.get("subscribed", 0) + 1  # a publish in progress must not undo this
 
     def on_unsubscribe(self, client, channel) -> None:
         pass
@@ -287,19 +288,29 @@ class FoxgloveBridge:
         chans, name = st["chans"], entry.name
         now = loop.time()
         layers = entry.map.layers
+        gen = st.get("subscribed", 0)  # on_subscribe (another thread) may reset st while we await a read
+
+        def current() -> bool:
+            return st.get("subscribed", 0) == gen
+
         if "tsdf" in layers:
             since = st["mesh_version"]
-            mesh = await entry.read(lambda m: m.mesh(since_version=since), exclusive=True)
+            mesh = await entry.read(lambda m: m.mesh(since_version=since))
             if mesh.full or mesh.blocks.shape[0] or mesh.removed_blocks.shape[0]:
                 update = await asyncio.to_thread(mesh_scene_update, mesh, now)
                 chans.mesh.log(update)
+            if not current():
+                return  # a new subscriber: the next tick sends everything
             st["mesh_version"] = mesh.version
-        T, _, first = await entry.read(lambda m: m.trajectory(st["poses"]))
+        start = st["poses"]
+        T, _, first = await entry.read(lambda m: m.trajectory(start))
         for pose in T.numpy():
             chans.tf.log(sensor_transform(pose, name, now))
             st["z"] = float(pose[2, 3])
+        if not current():
+            return
         st["poses"] = first + T.shape[0]
-        version = entry.map.version
+        version = entry.view.version  # the published version (what the reads here see)
         if (
             "esdf" in layers
             and version != st["slice_version"]
@@ -311,10 +322,12 @@ class FoxgloveBridge:
             try:
                 s = await entry.read(lambda m: m.esdf_slice(z, max_pixels=limit), esdf=True)
             except MapperError:  # no ESDF yet, or a slice over the limit: nothing to show
-                st["slice_version"], st["slice_t"] = version, now
+                if current():
+                    st["slice_version"], st["slice_t"] = version, now
                 return
             chans.slice.log(slice_grid(s.distance.cpu().numpy(), s.origin_xy, s.resolution_m, z, now))
-            st["slice_version"], st["slice_t"] = version, now
+            if current():
+                st["slice_version"], st["slice_t"] = version, now
 
     def stop(self) -> None:
         self._stop = True

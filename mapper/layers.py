@@ -17,6 +17,8 @@ index is ``((i>>2)&1)<<2 | ((j>>2)&1)<<1 | ((k>>2)&1)``; inside a brick the offs
 
 from __future__ import annotations
 
+import copy
+import time
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +30,9 @@ from .kernels.topology import make_leaves
 
 BRICK_VOXELS = 64
 PAGE_BRICKS = 1 << 14  # 2^20 voxels per page
+# copy-on-write on CUDA: while a field's shared pages total at most this, a write copies all of them at once
+# (no host sync to find the pages it touches; HBM copies ~1.5 TB/s); above it, only the touched pages
+COW_ALL_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,11 @@ class PagedPool:
     Page sizes grow geometrically from ``first_page_bricks`` to ``page_bricks`` (so small maps stay
     small and large maps have few pages); slots are handed out from a free list first, then from the
     high-water mark. Growth never copies: peak memory is the live pages plus the newest one.
+
+    Copy-on-write versions (the service's read views, NOTES.md "Reads never wait for writes"):
+    :meth:`freeze` returns a read-only view holding the current page tensors and marks them *shared*; the
+    next write into a shared page (``scatter``, ``fill_slots``, or a kernel after :meth:`prepare_write`)
+    first replaces it by a copy, so the view never changes. Untouched pages stay shared (no copy).
     """
 
     def __init__(
@@ -87,6 +97,10 @@ class PagedPool:
         self._free = torch.zeros(0, dtype=torch.int64, device=device)
         self._tables: dict[str, torch.Tensor] | None = None
         self._starts_t: torch.Tensor | None = None
+        self._shared: dict[str, list[bool]] = {k: [] for k in fields}  # per page: held by a frozen view
+        self.read_only = False  # a view from freeze(): writes raise
+        self.cow_bytes = 0  # bytes copied by copy-on-write so far (the cost of publishing versions)
+        self.cow_seconds = 0.0  # host time spent copying them (on CUDA: launching the copies)
 
     # -- capacity -----------------------------------------------------------------------------------
     @property
@@ -107,9 +121,57 @@ class PagedPool:
         for name, spec in self.fields.items():
             page = torch.empty((size, BRICK_VOXELS, *spec.shape), dtype=spec.dtype, device=self.device)
             self.pages[name].append(page)
+            self._shared[name].append(False)
         self.page_starts.append(self.page_starts[-1] + size)
         self._tables = None
         self._starts_t = None
+
+    # -- versions (copy-on-write) ---------------------------------------------------------------------
+    def freeze(self) -> PagedPool:
+        """A read-only view of the pool as it is now (O(pages), no copy). Writes to this pool afterwards copy
+        the pages they touch first, so the view keeps its contents for as long as it is referenced."""
+        v = copy.copy(self)
+        v.pages = {k: list(p) for k, p in self.pages.items()}
+        v.page_starts = list(self.page_starts)
+        v._shared = {k: [True] * len(p) for k, p in self.pages.items()}
+        v.read_only = True
+        for k, p in self.pages.items():
+            self._shared[k] = [True] * len(p)
+        return v
+
+    def prepare_write(self, name: str, slots: torch.Tensor) -> None:
+        """Make the pages of ``name`` that hold ``slots`` private to this pool (copy those a view shares);
+        a kernel that writes pages through :meth:`page_table` calls this first. One host sync while some
+        page is shared (to find the pages), none otherwise; on CUDA none while the field's shared pages
+        total at most ``COW_ALL_BYTES`` (they are all copied)."""
+        if self.read_only:
+            raise RuntimeError("PagedPool: this is a read-only view (freeze()); it cannot be written")
+        shared = self._shared[name]
+        if not slots.numel() or not any(shared):
+            return
+        pages = self.pages[name]
+        if len(shared) == 1:
+            touched = [0]
+        elif (
+            self.device.type == "cuda"
+            and sum(pages[p].numel() * pages[p].element_size() for p in range(len(shared)) if shared[p])
+            <= COW_ALL_BYTES
+        ):
+            touched = range(len(shared))
+        else:
+            page = torch.searchsorted(
+                self.page_start_table()[1:], slots.reshape(-1).to(torch.int64), right=True
+            )
+            touched = torch.unique(page).tolist()
+        t = time.perf_counter()
+        for p in touched:
+            if p < len(shared) and shared[p]:
+                old = self.pages[name][p]
+                self.pages[name][p] = old.clone()
+                shared[p] = False
+                self.cow_bytes += old.numel() * old.element_size()
+                self._tables = None
+        self.cow_seconds += time.perf_counter() - t
 
     def alloc(self, n: int) -> torch.Tensor:
         """int64 ``[n]`` fresh slots, their voxels set to each field's fill value."""
@@ -189,6 +251,7 @@ class PagedPool:
         self, name: str, slots: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor | None = None
     ):
         """Write ``values`` at (slot, offset) pairs, or whole bricks when ``offsets`` is None."""
+        self.prepare_write(name, slots)
         if self._triton():
             from .kernels.triton_paged import paged_scatter
 
@@ -208,6 +271,7 @@ class PagedPool:
                 self.pages[name][p][local, o] = v.to(self.fields[name].dtype)
 
     def fill_slots(self, name: str, slots: torch.Tensor, value) -> None:
+        self.prepare_write(name, slots)
         if self._triton():
             spec = self.fields[name]
             v = torch.full((1,), value, dtype=spec.dtype, device=self.device)
@@ -279,6 +343,17 @@ class BrickLayer:
         self.brick_versions = torch.zeros((0, 8), dtype=torch.int64, device=device)
         self.removed_log: list[tuple[int, torch.Tensor]] = []
         self.removed_log_limit = 1024
+        self._topology_shared = False  # slots / brick_versions are held by a frozen view: copy before writing
+
+    def frozen(self) -> BrickLayer:
+        """A read-only view of the layer as it is now: its grid (immutable), slot and version tables, and a
+        frozen pool (:meth:`PagedPool.freeze`). Later writes to this layer copy what they change, so the view
+        keeps answering for this version (the service publishes one per batch)."""
+        v = copy.copy(self)
+        v.pool = self.pool.freeze()
+        v.removed_log = list(self.removed_log)
+        self._topology_shared = True
+        return v
 
     @property
     def num_bricks(self) -> int:
@@ -307,6 +382,9 @@ class BrickLayer:
             slots[pos_old] = self.slots
             bver = torch.full((merged.num_leaves, 8), -1, dtype=torch.int64, device=self.device)
             bver[pos_old] = self.brick_versions
+        elif self._topology_shared:  # written in place below: a frozen view holds these
+            slots, bver = slots.clone(), bver.clone()
+        self._topology_shared = False
         leaf = pos_shell[leaf_of]
         cur = slots[leaf, b]
         missing = cur < 0
@@ -330,6 +408,9 @@ class BrickLayer:
         leaf = self.grid.ijk_to_leaf(brick_ijk << 2)
         ok = leaf >= 0
         self.version += 1
+        if self._topology_shared:
+            self.brick_versions = self.brick_versions.clone()
+            self._topology_shared = False
         self.brick_versions[leaf[ok], brick_in_leaf(brick_ijk[ok] << 2)] = self.version
 
     def changed_since(self, version: int) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -7,6 +7,7 @@ See ``mapper/integrators`` for the per-layer semantics and NOTES.md for the desi
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from contextlib import contextmanager
@@ -204,9 +205,39 @@ class Map:
         self._pose_versions: list[int] = []
         self._trajectory_start = 0
         self._dirty_free: list[torch.Tensor] = []  # ESDF bricks whose free-record state changed
+        self.read_only = False  # a read_view(): queries only
+
+    def read_view(self) -> Map:
+        """A read-only version of the map as it is now, for readers on other threads while this map keeps
+        integrating (the service publishes one per batch). O(layers + pages) to make: it shares the layers'
+        immutable index grids and their pool pages; later writes to this map copy the pages and tables they
+        change first (``PagedPool.freeze``), so the view answers every query (distances, slices, boxes,
+        meshes, layers, trajectory, stats) for this ``version`` for as long as it is referenced. Its ESDF is
+        as of now (``update_esdf()`` first for a fresh one); a view never updates it and cannot integrate."""
+        v = copy.copy(self)
+        v.read_only = True
+        for name in ("_tsdf", "_occ", "_free"):
+            layer = getattr(self, name)
+            if layer is not None:
+                setattr(v, name, layer.frozen())
+        if self._esdf is not None:
+            v._esdf = copy.copy(self._esdf)
+            v._esdf.layer = self._esdf.layer.frozen()
+            v._esdf.last = dict(self._esdf.last)
+        v._odometry, v._last_posed = None, None  # tracking state: the writer's alone
+        v._poses, v._pose_versions = list(self._poses), list(self._pose_versions)
+        v._dirty_bricks, v._dirty_free = list(self._dirty_bricks), list(self._dirty_free)
+        v._timer = _StageTimer(torch.device("cpu"))
+        v._timer.last = dict(self._timer.last)
+        return v
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise RuntimeError("Map: this is a read_view(); it cannot integrate or update the ESDF")
 
     # ----------------------------------------------------------------------------------- integration
     def _begin(self):
+        self._writable()
         self._timer.begin_frame()
 
     def _end(self, touched: list[torch.Tensor], T_world_sensor: torch.Tensor | None = None) -> None:
@@ -428,6 +459,7 @@ class Map:
         last call could change (nothing when nothing changed)."""
         if self._esdf is None:
             raise NotFound("layer 'esdf' is not enabled on this map")
+        self._writable()
         dirty, dirty_free = self._dirty_bricks, self._dirty_free
         self._dirty_bricks, self._dirty_free = [], []
         with self._timer("esdf"):
@@ -647,7 +679,7 @@ class Map:
 
     def _esdf_current(self, update: bool = True):
         esdf = self._require("esdf")
-        if update and (self._dirty_bricks or self._dirty_free):
+        if update and not self.read_only and (self._dirty_bricks or self._dirty_free):
             self.update_esdf()
         return esdf
 

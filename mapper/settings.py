@@ -71,6 +71,8 @@ class Settings(BaseSettings):
     # behaviour
     esdf_update: Literal["eager", "lazy"] = "eager"  # eager: before each ack; lazy: on the next query
     query_threads: int = Field(4, gt=0)
+    # map writers run this many nice steps below reads (Linux, per thread): reads first when cores are short
+    writer_nice: int = Field(5, ge=0, le=19)
     # SIGTERM: streams ack what they took and close within this (then uvicorn waits as long for the
     # HTTP requests still running, then every map is snapshotted); see mapper.api.shutdown
     shutdown_grace_s: float = Field(20.0, gt=0)

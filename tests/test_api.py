@@ -181,7 +181,7 @@ def test_http_ingest_queue_full_is_429(tmp_path):
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
 
-        with entry.lock.write():  # the writer blocks inside its first batch; the queue fills behind it
+        with entry.write_gate:  # the writer blocks inside its first batch; the queue fills behind it
             threads = [threading.Thread(target=post, args=(i,)) for i in range(2)]
             threads[0].start()
             wait_for(lambda: entry.last_seq == 1)  # the first frame is in the writer (WAL written)

@@ -154,10 +154,18 @@ def attachment(filename: str) -> str:
     return f"attachment; filename=\"{safe}\"; filename*=UTF-8''{quote(filename, safe='')}"
 
 
-def reply(request: Request, obj, status_code: int = 200):
+def reply(request: Request, obj, status_code: int = 200, headers: dict | None = None):
     """``obj`` as msgpack when the client accepts it, JSON otherwise (arrays -> nested lists)."""
     from fastapi.responses import JSONResponse, Response
 
     if wants_msgpack(request):
-        return Response(wire.packb(obj), status_code=status_code, media_type=wire.MSGPACK)
-    return JSONResponse(wire.to_jsonable(obj), status_code=status_code)
+        return Response(wire.packb(obj), status_code=status_code, media_type=wire.MSGPACK, headers=headers)
+    return JSONResponse(wire.to_jsonable(obj), status_code=status_code, headers=headers)
+
+
+VERSION_HEADER = "X-Map-Version"
+
+
+def version_header(version: int) -> dict[str, str]:
+    """The header every read reply carries: the ``map_version`` it read (README "Versions")."""
+    return {VERSION_HEADER: str(int(version))}

@@ -146,6 +146,44 @@ class Metrics:
         self.radius_cleared = per_map(
             Counter, "mapper_radius_cleared_bricks", "Bricks freed by a map's radius policy"
         )
+        # real time (issue 13): per-map latencies, versions and what the read views cost
+        self.map_ack = per_map(
+            Histogram,
+            "mapper_map_ack_seconds",
+            "Frame accepted -> acknowledged, per map (queue + WAL + integration + ESDF + publish)",
+            ["transport"],
+            buckets=LATENCY_BUCKETS,
+        )
+        self.map_query = per_map(
+            Histogram, "mapper_map_query_seconds", "Read latency per map", ["kind"], buckets=LATENCY_BUCKETS
+        )
+        self.map_version = per_map(Gauge, "mapper_map_version", "The map's last published version")
+        self.version_lag = per_map(
+            Histogram,
+            "mapper_read_version_lag",
+            "Versions published while a read ran on its version (0: it read the newest)",
+            buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128),
+        )
+        self.cow_bytes = per_map(
+            Counter,
+            "mapper_cow_copied_bytes",
+            "Bytes of pool pages copied by copy-on-write because a published read view shared them",
+        )
+        self.publish = Histogram(
+            "mapper_publish_seconds", "Publishing a read view per batch", buckets=STAGE_BUCKETS, registry=r
+        )
+        self.group_commit = Histogram(
+            "mapper_group_commit_records",
+            "WAL records per fsync (group commit)",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
+        self.map_device_memory = per_map(
+            Gauge,
+            "mapper_map_device_memory_bytes",
+            "Bytes a map's layers hold on its device (GPU memory per map on CUDA)",
+            ["device"],
+        )
         r.register(_GpuMemory())
 
     def forget_map(self, map_id: str) -> None:

@@ -4,10 +4,13 @@ Concurrency model:
 * Each map has one **writer**: a single-thread executor that owns every mutation of the map (frames,
   clear, decay, ESDF updates, snapshot captures). An asyncio task feeds it batches from the map's bounded
   queue: track the batch's LiDAR frames (a frame without a pose is registered here and its record gets
-  the estimated pose), append the records to the WAL, fsync once (group commit), integrate them under the
-  map's write lock, update the ESDF, then resolve the callers' futures (the acks).
-* **Queries** run on a shared thread pool under the map's read lock, so they see the map between
-  batches (a consistent epoch) and run concurrently with each other.
+  the estimated pose), append the records to the WAL, fsync once (group commit), integrate them, update
+  the ESDF once, **publish** a read view of the result (``Map.read_view``: copy-on-write, it shares the
+  pages the next batches do not touch), then resolve the callers' futures (the acks).
+* **Reads never wait for writes.** Queries, slices, boxes, meshes and stats run on a shared thread pool on
+  the last published view (``MapEntry.view``), with no lock: a read that starts during a batch answers
+  for the version before it. Every read reports the ``map_version`` it read; versions of a map only grow,
+  and an ack's ``map_version`` is published before the ack is sent (read-your-writes).
 * The event loop only awaits: decoding, GPU/CPU work and file I/O run in threads.
 """
 
@@ -20,6 +23,7 @@ import math
 import os
 import re
 import secrets
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -68,45 +72,6 @@ def stage_timings(m: Map) -> dict[str, float]:
     return m.timings_ms()
 
 
-class RWLock:
-    """A writer-preferring reader-writer lock for threads."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._writer = False
-        self._waiting_writers = 0
-
-    @contextlib.contextmanager
-    def read(self):
-        with self._cond:
-            while self._writer or self._waiting_writers:
-                self._cond.wait()
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                if self._readers == 0:
-                    self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def write(self):
-        with self._cond:
-            self._waiting_writers += 1
-            while self._writer or self._readers:
-                self._cond.wait()
-            self._waiting_writers -= 1
-            self._writer = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writer = False
-                self._cond.notify_all()
-
-
 @dataclass
 class Op:
     """One unit of work for a map's writer."""
@@ -119,6 +84,7 @@ class Op:
     seq: int = 0
     error: BaseException | None = None  # failed before logging (tracking): never written to the WAL
     registration: dict | None = None  # ICP statistics of a frame whose pose the map estimated
+    growth: Any = None  # mapper.budget.Growth computed before queueing (MapEntry.bound), or None
 
 
 _STOP = object()
@@ -172,9 +138,12 @@ class MapEntry:
         self.id: str = info["id"]
         self.name: str = info["name"]
         self.metrics.map_names[self.id] = self.name  # the `name` label of the map's series
-        self.map = m
+        self.map = m  # the writer's map: only the writer thread touches it
+        self.view: Map = _make_view(m)  # the last published version: what reads see (swapped per batch)
+        # held by the writer while it integrates a batch (after the WAL fsync); holding it from elsewhere
+        # pauses the writer there (tests use it to hold a batch open); reads never take it
+        self.write_gate = threading.Lock()
         self.dir = mdir
-        self.lock = RWLock()
         self.last_seq = last_seq
         self.snapshot_seq = snap_seq
         self.snapshot_version = m.version
@@ -182,7 +151,12 @@ class MapEntry:
         self.last_snapshot: Snapshot | None = None
         self.esdf_dirty = "esdf" in m.layers
         self.queue: asyncio.Queue = asyncio.Queue(self.settings.queue_depth)
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"map-{self.id}")
+        self.executor = ThreadPoolExecutor(
+            1,
+            thread_name_prefix=f"map-{self.id}",
+            initializer=_lower_priority,
+            initargs=(self.settings.writer_nice,),
+        )
         self.wal = mdir.open_wal(last_seq + 1)
         self.wal_bytes_since_snapshot = 0
         self.snap_lock = asyncio.Lock()
@@ -193,6 +167,7 @@ class MapEntry:
         self.in_flight = 0  # operations queued or being processed whose future is not resolved yet
         self.budget: int = info.get("memory_budget_bytes") or service.map_budget
         self.bytes = m.nbytes  # refreshed by the writer after each batch (read by other maps' writers)
+        self._cow_seen = self.cow_bytes()
         self.metrics.map_memory.labels(self.id).set(self.bytes)
         self.metrics.map_budget.labels(self.id).set(self.budget)
         if m.keep_radius_m is not None:
@@ -202,17 +177,33 @@ class MapEntry:
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"writer-{self.id}")
 
-    def _op(self, kind: str, args, record: bytes | None = None) -> Op:
+    def _op(self, kind: str, args, record: bytes | None = None, growth=None) -> Op:
         if self.closed:
             raise NotFound(f"map {self.id!r} is being deleted or the service is stopping")
         if kind == "frame" and args.T_world_sensor is not None:
             self.map.check_sensor_pose(args.T_world_sensor)  # inside the map's range, before it is logged
         rec = record if record is not None else encode_record(kind, args)
-        return Op(kind, args, rec, asyncio.get_running_loop().create_future())
+        return Op(kind, args, rec, asyncio.get_running_loop().create_future(), growth=growth)
 
-    def submit_nowait(self, kind: str, args, record: bytes | None = None) -> asyncio.Future:
+    def bound(self, frame) -> budget.Growth | None:
+        """Any thread, before queueing: the growth bound of a posed frame (``mapper.budget``: it depends on
+        the frame and the map's configuration only), so that the writer only compares it with the room left
+        (``_admit``) instead of computing it between integrations. None for a LiDAR frame without a pose
+        (bounded after tracking, on the writer) or when the bound fails (the writer reports it)."""
+        if frame.T_world_sensor is None:
+            return None
+        try:
+            used = sum(e.bytes for e in list(self.service.maps.values()))
+            room = min(self.budget - self.bytes, self.service.memory_budget - used)
+            if isinstance(frame, wire.LidarFrame):
+                return budget.lidar_growth(self.view, frame.points, frame.T_world_sensor, room)
+            return budget.depth_growth(self.view, frame.depth_m, frame.K, frame.T_world_sensor, room)
+        except Exception:
+            return None
+
+    def submit_nowait(self, kind: str, args, record: bytes | None = None, growth=None) -> asyncio.Future:
         """Queue an operation or raise ``Busy`` when the map's queue is full (HTTP ingest)."""
-        op = self._op(kind, args, record)
+        op = self._op(kind, args, record, growth)
         try:
             self.queue.put_nowait(op)
         except asyncio.QueueFull:
@@ -223,26 +214,32 @@ class MapEntry:
         self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
         return op.future
 
-    async def submit(self, kind: str, args, record: bytes | None = None) -> asyncio.Future:
+    async def submit(self, kind: str, args, record: bytes | None = None, growth=None) -> asyncio.Future:
         """Queue an operation, waiting for room (WebSocket backpressure, maintenance operations)."""
-        op = self._op(kind, args, record)
+        op = self._op(kind, args, record, growth)
         await self.queue.put(op)
         self.in_flight += 1
         self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
         return op.future
 
     async def read(self, fn, *, exclusive: bool = False, esdf: bool = False):
-        """Run ``fn(map)`` on the query pool under the read lock (write lock if ``exclusive``)."""
-        if esdf and self.esdf_dirty and "esdf" in self.map.layers:
+        """Run ``fn(view)`` on the query pool on the last published version of the map (a read-only
+        ``Map.read_view``; ``view.version`` is the ``map_version`` it answers for). No lock: a batch being
+        integrated meanwhile does not delay it. ``esdf``: the read needs the ESDF; with the lazy ESDF
+        (``MAPPER_ESDF_UPDATE=lazy``) a stale one is brought up to date on the writer first (that read
+        waits for the writer). ``exclusive`` is accepted for older callers and changes nothing."""
+        view = self.view
+        if esdf and "esdf" in view.layers and view.esdf_dirty:  # (eager: only after a restart or a failure)
             await asyncio.get_running_loop().run_in_executor(
-                self.executor, _no_oom(self._update_esdf_locked, f"map {self.id!r}: ESDF update")
+                self.executor, _no_oom(self._update_esdf_and_publish, f"map {self.id!r}: ESDF update")
             )
-        lock = self.lock.write if exclusive else self.lock.read
+            view = self.view
 
         @_no_oom_deco(f"map {self.id!r}: query")
         def call():
-            with lock():
-                return fn(self.map)
+            out = _run_on_view(fn, view)
+            self.metrics.version_lag.labels(self.id).observe(max(0, self.view.version - view.version))
+            return out
 
         return await asyncio.get_running_loop().run_in_executor(self.service.query_pool, call)
 
@@ -329,14 +326,16 @@ class MapEntry:
                 continue
             f = op.args
             room = min(self.budget - self.bytes, self.service.memory_budget - others - self.bytes) - reserved
-            try:
-                if isinstance(f, wire.LidarFrame):
-                    g = budget.lidar_growth(self.map, f.points, f.T_world_sensor, room)
-                else:
-                    g = budget.depth_growth(self.map, f.depth_m, f.K, f.T_world_sensor, room)
-            except MapperError as e:
-                op.error = e
-                continue
+            g = op.growth  # computed before queueing (bound()); recomputed here when it does not fit
+            if g is None or g.bytes + g.transient > room:
+                try:
+                    if isinstance(f, wire.LidarFrame):
+                        g = budget.lidar_growth(self.map, f.points, f.T_world_sensor, room)
+                    else:
+                        g = budget.depth_growth(self.map, f.depth_m, f.K, f.T_world_sensor, room)
+                except MapperError as e:
+                    op.error = e
+                    continue
             need = self.bytes + reserved + g.bytes + g.transient
             which = None
             if need > self.budget:
@@ -367,45 +366,54 @@ class MapEntry:
             self.wal_bytes_since_snapshot += len(op.record)
         self.wal.sync()
         self.metrics.wal_sync.observe(time.perf_counter() - t)
+        self.metrics.group_commit.observe(sum(op.error is None for op in batch))
         self.metrics.batch.observe(len(batch))
-        results = []
-        with self.lock.write():
-            for op in batch:
-                if op.error is not None:
-                    results.append(op.error)
-                    continue
-                try:
-                    res = self._apply(op)
-                    res["map_version"] = self.map.version
-                    results.append(res)
-                except MapperError as e:
-                    results.append(e)
-                except torch.OutOfMemoryError:
-                    log.warning("map %s: op %d (%s) ran out of device memory", self.id, op.seq, op.kind)
-                    _release_cached()
-                    results.append(
-                        OutOfDeviceMemory(
-                            f"map {self.id!r}: out of device memory integrating op {op.seq}; the map keeps "
-                            "serving its earlier state (the frame may be partly integrated); retry later"
-                        )
-                    )
-                except Exception as e:  # a library bug: keep serving, report it as an internal error
-                    log.exception("map %s: op %d (%s) failed", self.id, op.seq, op.kind)
-                    results.append(e)
-            if "esdf" in self.map.layers:
-                self.esdf_dirty = True
-                if self.settings.esdf_update == "eager":
-                    try:
-                        self._update_esdf()
-                    except Exception:  # the frames are in; the next update retries the region
-                        log.exception("map %s: ESDF update failed", self.id)
+        with self.write_gate:
+            results = self._integrate(batch)
         self.bytes = self.map.nbytes
         self.metrics.map_memory.labels(self.id).set(self.bytes)
+        self.metrics.map_device_memory.labels(self.id, str(self.map.device)).set(self.bytes)
         now = time.monotonic()
         if now - self.stats_time > 2.0:
             self.stats_time = now
             self._refresh_stats()
         self.ack_ms = (time.perf_counter() - batch[-1].t0) * 1e3  # the viewer's "ack latency"
+        return results
+
+    def _integrate(self, batch: list[Op]) -> list:
+        """Writer thread, after the batch is durable: apply its operations to the map, update the ESDF once,
+        publish the new version. Readers are on the previous version meanwhile (no lock)."""
+        results = []
+        for op in batch:
+            if op.error is not None:
+                results.append(op.error)
+                continue
+            try:
+                res = self._apply(op)
+                res["map_version"] = self.map.version
+                results.append(res)
+            except MapperError as e:
+                results.append(e)
+            except torch.OutOfMemoryError:
+                log.warning("map %s: op %d (%s) ran out of device memory", self.id, op.seq, op.kind)
+                _release_cached()
+                results.append(
+                    OutOfDeviceMemory(
+                        f"map {self.id!r}: out of device memory integrating op {op.seq}; the map keeps "
+                        "serving its earlier state (the frame may be partly integrated); retry later"
+                    )
+                )
+            except Exception as e:  # a library bug: keep serving, report it as an internal error
+                log.exception("map %s: op %d (%s) failed", self.id, op.seq, op.kind)
+                results.append(e)
+        if "esdf" in self.map.layers:
+            self.esdf_dirty = True
+            if self.settings.esdf_update == "eager":  # once per batch, before the acks
+                try:
+                    self._update_esdf()
+                except Exception:  # the frames are in; the next update retries the region
+                    log.exception("map %s: ESDF update failed", self.id)
+        self._publish()
         return results
 
     def _apply(self, op: Op) -> dict:
@@ -445,15 +453,33 @@ class MapEntry:
         self.metrics.stage.labels("esdf").observe(time.perf_counter() - t)
         self.esdf_dirty = False
 
-    def _update_esdf_locked(self) -> None:
-        if self.esdf_dirty:
-            with self.lock.write():
-                self._update_esdf()
+    def _update_esdf_and_publish(self) -> None:
+        if self.esdf_dirty or self.map.esdf_dirty:
+            self._update_esdf()
+            self._publish()
+
+    def _publish(self) -> None:
+        """Writer thread: make the map as it is now the version every new read sees (one reference swap;
+        the previous view lives on while a reader holds it, then its private pages are freed)."""
+        t = time.perf_counter()
+        before = self.cow_bytes()
+        view = _make_view(self.map)
+        if view.version < self.view.version:  # cannot happen: versions only grow; never publish backwards
+            raise RuntimeError(f"map {self.id!r}: version {view.version} after {self.view.version}")
+        self.view = view
+        self.metrics.publish.observe(time.perf_counter() - t)
+        self.metrics.map_version.labels(self.id).set(view.version)
+        # pages copied since the previous publish (by this batch's writes): the price of the versions
+        self.metrics.cow_bytes.labels(self.id).inc(max(0, before - self._cow_seen))  # (a pool may be new)
+        self._cow_seen = before
+
+    def cow_bytes(self) -> int:
+        """Bytes copied so far by the map's copy-on-write pools (the cost of keeping published views)."""
+        return sum(la.pool.cow_bytes for la in _layers_of(self.map))
 
     def _refresh_stats(self) -> None:
         try:
-            with self.lock.read():
-                s = self.map.stats()
+            s = self.map.stats()
             self.metrics.set_layer_stats(self.id, s)
         except Exception:  # metrics must never break ingest
             log.exception("map %s: stats failed", self.id)
@@ -463,8 +489,7 @@ class MapEntry:
         unchanged = self.last_seq == self.snapshot_seq and self.map.version == self.snapshot_version
         if unchanged and not force:
             return None
-        with self.lock.read():
-            tensors, meta = self.map.state_dict()
+        tensors, meta = self.map.state_dict()
         seq = self.last_seq
         self.wal.close()
         self.wal = self.dir.open_wal(seq + 1)
@@ -521,13 +546,63 @@ class MapEntry:
             "name": self.name,
             "created": self.info.get("created"),
             "config": self.info["config"],
-            "frames_integrated": self.map.frames_integrated,
-            "version": self.map.version,
+            "frames_integrated": self.view.frames_integrated,
+            "version": self.view.version,
             "last_seq": self.last_seq,
             "queue_depth": self.queue.qsize(),
             "memory_bytes": self.bytes,
             "memory_budget_bytes": self.budget,
         }
+
+
+def _make_view(m: Map) -> Map:
+    """``m.read_view()``; on CUDA with an event recorded after the writer's work so far, which readers on
+    their own streams wait for (on the device, no host sync)."""
+    view = m.read_view()
+    if m.device.type == "cuda":
+        view._published = torch.cuda.Event()
+        view._published.record()
+    return view
+
+
+_reader = threading.local()
+
+
+def _run_on_view(fn, view: Map):
+    """Run ``fn(view)`` in a query-pool thread. On CUDA on the thread's own stream, after the view's publish
+    event, so that a read's kernels do not queue behind the writer's on the default stream; the stream is
+    synchronised before the view (and what it allocated) is let go."""
+    ev = getattr(view, "_published", None)
+    if ev is None:
+        return fn(view)
+    streams = _reader.__dict__.setdefault("streams", {})  # this thread's stream per device
+    stream = streams.get(view.device)
+    if stream is None:
+        stream = streams[view.device] = torch.cuda.Stream(view.device)
+    stream.wait_event(ev)
+    try:
+        with torch.cuda.stream(stream):
+            return fn(view)
+    finally:
+        stream.synchronize()
+
+
+def _lower_priority(nice: int) -> None:
+    """Writer threads: run ``nice`` steps below the rest of the process (Linux: per thread), so that reads
+    get the cores first when they are short; integration takes what is left (its queue absorbs it)."""
+    if nice > 0 and hasattr(os, "setpriority") and sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            os.setpriority(
+                os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice
+            )
+
+
+def _layers_of(m: Map):
+    """The brick layers of a map (its pools), the ESDF's included."""
+    out = [la for _, la in m._brick_layers()]
+    if m._esdf is not None:
+        out.append(m._esdf.layer)
+    return out
 
 
 def _release_cached() -> None:

@@ -105,6 +105,8 @@ def project_update_launch(pool, bricks, slots, depth, K, T, color, tau, s, max_r
         (torch.stack((k[0, 0], k[1, 1], k[0, 2], k[1, 2])), tt[:3, :3].reshape(-1), tt[:3, 3], tail)
     )
     has_color = color is not None and "color" in pool.fields
+    for name in ("tsdf", "weight", *(("color", "color_weight") if has_color else ())):
+        pool.prepare_write(name, slots)  # copy-on-write of pages a published read view holds
     block = 256
     pt = pool.page_table
     n_pages = len(pool.page_starts) - 1

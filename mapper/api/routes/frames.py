@@ -23,11 +23,12 @@ router = APIRouter(prefix="/v1/maps", tags=["frames"])
 SHUTDOWN_REASON = "service restarting: every frame taken is acknowledged; resend the rest elsewhere or later"
 
 
-def _decode(body_or_msg, limits: wire.Limits, msgpack_body: bool):
-    """Thread: bytes or dict -> (frame, WAL record)."""
+def _decode(body_or_msg, entry: MapEntry, msgpack_body: bool):
+    """Thread (off the event loop and the map's writer): bytes or dict -> (frame, WAL record, its memory
+    growth bound or None)."""
     msg = wire.unpackb(body_or_msg) if msgpack_body else body_or_msg
-    frame = wire.parse_frame(msg, limits)
-    return frame, encode_record("frame", frame)
+    frame = wire.parse_frame(msg, entry.service.limits)
+    return frame, encode_record("frame", frame), entry.bound(frame)
 
 
 @router.post(
@@ -43,13 +44,15 @@ async def post_frame(request: Request, entry: EntryDep):
     t0 = time.perf_counter()
     if is_msgpack_body(request):
         body = await request.body()
-        frame, record = await asyncio.to_thread(_decode, body, entry.service.limits, True)
+        frame, record, growth = await asyncio.to_thread(_decode, body, entry, True)
     else:
         msg = await read_message(request)
-        frame, record = await asyncio.to_thread(_decode, msg, entry.service.limits, False)
-    fut = entry.submit_nowait("frame", frame, record)
+        frame, record, growth = await asyncio.to_thread(_decode, msg, entry, False)
+    fut = entry.submit_nowait("frame", frame, record, growth)
     ack = await fut
-    entry.metrics.ack.labels("http").observe(time.perf_counter() - t0)
+    dt = time.perf_counter() - t0
+    entry.metrics.ack.labels("http").observe(dt)
+    entry.metrics.map_ack.labels(entry.id, "http").observe(dt)
     return reply(request, ack)
 
 
@@ -94,7 +97,9 @@ async def stream_frames(ws: WebSocket, map_id: str):
             fut, t0, fid = item
             try:
                 msg = await fut
-                metrics.ack.labels("ws").observe(time.perf_counter() - t0)
+                dt = time.perf_counter() - t0
+                metrics.ack.labels("ws").observe(dt)
+                metrics.map_ack.labels(entry.id, "ws").observe(dt)
             except MapperError as e:
                 msg = {**error_body(e), "status": status_of(e)}
                 if fid is not None:
@@ -127,9 +132,9 @@ async def stream_frames(ws: WebSocket, map_id: str):
                     raise wire.MalformedMessage("stream: send frames as binary msgpack messages")
                 if len(data) > settings.max_body_bytes:
                     raise PayloadTooLarge(f"frame: {len(data)} bytes exceed MAPPER_MAX_BODY_BYTES")
-                frame, record = await asyncio.to_thread(_decode, data, entry.service.limits, True)
+                frame, record, growth = await asyncio.to_thread(_decode, data, entry, True)
                 fid = frame.frame_id
-                fut = await entry.submit("frame", frame, record)  # waits while the queue is full
+                fut = await entry.submit("frame", frame, record, growth)  # waits while the queue is full
             except MapperError as e:
                 fut.set_exception(e)
             await pending.put((fut, t0, fid))  # waits while too many acks are outstanding

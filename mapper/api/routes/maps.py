@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from ...errors import NotFound
-from ..deps import EntryDep, ReadAuth, ServiceDep, SettingsDep, WriteAuth, attachment
+from ..deps import EntryDep, ReadAuth, ServiceDep, SettingsDep, WriteAuth, attachment, version_header
 from ..schemas import (
     IMPORT_BODY,
     NAME_PATTERN,
@@ -64,16 +64,25 @@ async def list_maps(service: ServiceDep) -> MapList:
 
 
 @router.get("/{map_id}", response_model=MapDetail)
-async def get_map(entry: EntryDep) -> MapDetail:
-    """The map's config and ``stats()`` (voxels and bytes per layer, frames, last stage timings)."""
-    stats = await entry.read(lambda m: m.stats(), exclusive=True)
+async def get_map(entry: EntryDep, response: Response) -> MapDetail:
+    """The map's config and ``stats()`` (voxels and bytes per layer, frames, last stage timings) of its last
+    published version (``version``, also in the ``X-Map-Version`` header)."""
+    seen = []
+
+    def run(m):
+        seen.append(m.version)
+        return m.stats()
+
+    stats = await entry.read(run)
+    response.headers.update(version_header(seen[0]))
     snap = entry.last_snapshot
     info = None
     if snap is not None:
         info = SnapshotInfo(
             map_id=entry.id, seq=snap.seq, bytes=_size(snap.path), version=snap.meta.get("version")
         )
-    return MapDetail(**entry.summary(), stats=stats, snapshot=info)
+    summary = {**entry.summary(), "version": seen[0], "frames_integrated": stats["frames_integrated"]}
+    return MapDetail(**summary, stats=stats, snapshot=info)
 
 
 def _size(path) -> int:

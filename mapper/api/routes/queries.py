@@ -14,7 +14,7 @@ from fastapi.responses import Response
 
 from ... import budget, wire
 from ...errors import InvalidArgument, RequestTooLarge
-from ..deps import EntryDep, ReadAuth, attachment, read_message, reply, wants_msgpack
+from ..deps import EntryDep, ReadAuth, attachment, read_message, reply, version_header, wants_msgpack
 from ..schemas import QUERY_BODY, BoxRequest, ErrorBody
 from ..service import MapEntry, require
 
@@ -61,10 +61,19 @@ async def _points(request: Request, entry: MapEntry) -> np.ndarray:
 
 
 async def _timed(entry: MapEntry, kind: str, fn, **kw):
+    """``fn(view)`` on the map's last published version: (its result, the headers naming that version)."""
     t = time.perf_counter()
-    out = await entry.read(fn, **kw)
-    entry.metrics.query.labels(kind).observe(time.perf_counter() - t)
-    return out
+    seen = []
+
+    def run(m):
+        seen.append(m.version)
+        return fn(m)
+
+    out = await entry.read(run, **kw)
+    dt = time.perf_counter() - t
+    entry.metrics.query.labels(kind).observe(dt)
+    entry.metrics.map_query.labels(entry.id, kind).observe(dt)
+    return out, version_header(seen[0])
 
 
 @router.post("/{map_id}/query/distance", openapi_extra=QUERY_BODY, responses=ARRAY_RESPONSE)
@@ -81,7 +90,8 @@ async def query_distance(request: Request, entry: EntryDep):
             "map_version": m.version,
         }
 
-    return reply(request, await _timed(entry, "distance", run, esdf=True))
+    out, headers = await _timed(entry, "distance", run, esdf=True)
+    return reply(request, out, headers=headers)
 
 
 @router.post("/{map_id}/query/occupancy", openapi_extra=QUERY_BODY, responses=ARRAY_RESPONSE)
@@ -97,7 +107,8 @@ async def query_occupancy(request: Request, entry: EntryDep):
             "map_version": m.version,
         }
 
-    return reply(request, await _timed(entry, "occupancy", run))
+    out, headers = await _timed(entry, "occupancy", run)
+    return reply(request, out, headers=headers)
 
 
 @router.post("/{map_id}/query/tsdf", openapi_extra=QUERY_BODY, responses=ARRAY_RESPONSE)
@@ -113,7 +124,8 @@ async def query_tsdf(request: Request, entry: EntryDep):
             "map_version": m.version,
         }
 
-    return reply(request, await _timed(entry, "tsdf", run))
+    out, headers = await _timed(entry, "tsdf", run)
+    return reply(request, out, headers=headers)
 
 
 Finite = Annotated[float, Query(allow_inf_nan=False)]
@@ -184,12 +196,12 @@ async def esdf_slice(
             "map_version": m.version,
         }
 
-    out = await _timed(entry, "slice", run, esdf=True)
+    out, headers = await _timed(entry, "slice", run, esdf=True)
     if format == "png":
-        return Response(out, media_type="image/png")
+        return Response(out, media_type="image/png", headers=headers)
     if format == "msgpack":
-        return Response(wire.packb(out), media_type=wire.MSGPACK)
-    return reply(request, out)
+        return Response(wire.packb(out), media_type=wire.MSGPACK, headers=headers)
+    return reply(request, out, headers=headers)
 
 
 @router.post("/{map_id}/esdf/box", responses=ARRAY_RESPONSE)
@@ -213,7 +225,8 @@ async def esdf_box(request: Request, entry: EntryDep, body: BoxRequest):
             "map_version": m.version,
         }
 
-    return reply(request, await _timed(entry, "box", run, esdf=True))
+    out, headers = await _timed(entry, "box", run, esdf=True)
+    return reply(request, out, headers=headers)
 
 
 @router.get(
@@ -234,7 +247,7 @@ async def get_mesh(
     """The TSDF zero-crossing mesh; with ``since_version`` only the blocks changed since then (plus the
     removed blocks), for incremental viewers. 413 when the TSDF is too large to mesh within
     ``MAPPER_MAX_REQUEST_BYTES``."""
-    tsdf_voxels = entry.map.bricks.get("tsdf", 0) * 64
+    tsdf_voxels = entry.view.bricks.get("tsdf", 0) * 64
     _bound(entry, "mesh", tsdf_voxels, "voxels", budget.MESH_VOXEL_BYTES)
 
     def run(m):
@@ -247,11 +260,11 @@ async def get_mesh(
             return io.mesh_to_ply_bytes(mesh)
         return wire.packb(io.mesh_to_msgpack_dict(mesh))
 
-    out = await _timed(entry, "mesh", run, exclusive=True)
+    out, headers = await _timed(entry, "mesh", run)
     if format == "ply":
         return Response(
             out,
             media_type="application/octet-stream",
-            headers={"Content-Disposition": attachment(f"{entry.name}.ply")},
+            headers={"Content-Disposition": attachment(f"{entry.name}.ply"), **headers},
         )
-    return Response(out, media_type=wire.MSGPACK)
+    return Response(out, media_type=wire.MSGPACK, headers=headers)

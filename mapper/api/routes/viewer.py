@@ -108,16 +108,16 @@ async def mesh_blocks(
         return mesh, None
 
     t = time.perf_counter()
-    m = entry.map
+    m = entry.view  # the last published version (what the reads below see, or a newer one)
     body = None
     if since_version is None:
-        mesh, body = await entry.read(run_full, exclusive=True)
+        mesh, body = await entry.read(run_full)
     elif since_version == m.mesh_version:
         # nothing changed (the common poll of an idle map): an empty delta, without taking the map's lock
         mesh = empty_mesh(torch.device("cpu"), "color" in m.layers, since_version, m.voxel_size_m)
         mesh.full, mesh.since_version = False, since_version
     else:
-        mesh = await entry.read(run, exclusive=True)
+        mesh = await entry.read(run)
     if body is None:
         body = await asyncio.to_thread(viewer.mesh_to_blocks_bytes, mesh)
         if since_version is None:
