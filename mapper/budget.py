@@ -184,21 +184,28 @@ def _dilated_bricks(bricks: torch.Tensor, radius: int, max_cells: int = 1 << 22)
 
 
 def _rays_growth(
-    m, origin: torch.Tensor, ends: torch.Tensor, ranges: torch.Tensor, room: float | None = None
+    m,
+    origin: torch.Tensor,
+    ends: torch.Tensor,
+    ranges: torch.Tensor,
+    room: float | None = None,
+    band: float | None = None,
 ) -> Growth:
     """Growth bound for rays from ``origin`` (float64 [3]) to ``ends`` (float64 [N, 3], ranges [N]).
     With ``room`` (bytes): when the bounding-box bound alone fits in it, return that (a few ms) instead of
-    the finer per-ray bounds (~10-100 ms per 10^5 rays on a CPU)."""
+    the finer per-ray bounds (~10-100 ms per 10^5 rays on a CPU). ``band``: the TSDF band's half length
+    along a ray (default ``tau``; LiDAR: ``TsdfConfig.lidar_band_m``)."""
     if ranges.numel() == 0:
         return Growth()
     s = m.voxel_size_m
     bm = 4 * s
     tau = m.tsdf_config.tau
+    band = tau if band is None else band
     lo = torch.minimum(ends.min(dim=0).values, origin)
     hi = torch.maximum(ends.max(dim=0).values, origin)
     lo_e, hi_e = ends.min(dim=0).values, ends.max(dim=0).values
     reach = m._esdf.brick_radius + math.ceil(tau / bm) + 1 if m._esdf is not None else 0
-    box = {"tsdf": _box_bricks(lo, hi, bm, tau), "occupancy": _box_bricks(lo, hi, bm, s)}
+    box = {"tsdf": _box_bricks(lo, hi, bm, band), "occupancy": _box_bricks(lo, hi, bm, s)}
     box["esdf"] = _box_bricks(lo_e, hi_e, bm, reach * bm)
     bf = 4 * getattr(m, "esdf_voxel_size_m", s)  # the free record's bricks (ESDF voxels)
     box["free"] = _box_bricks(lo, hi, bf, bf)
@@ -208,8 +215,8 @@ def _rays_growth(
     end_bricks = torch.floor(ends / bm).to(torch.int64)
     n = {}
     if m._tsdf is not None:  # the band's bricks lie within ceil(tau / B) bricks of the return's brick
-        band = _dilated_bricks(end_bricks, math.ceil(tau / bm))
-        n["tsdf"] = min(_band_bricks(ranges, tau, bm), band, box["tsdf"])
+        dil = _dilated_bricks(end_bricks, math.ceil(band / bm))
+        n["tsdf"] = min(_band_bricks(ranges, band, bm), dil, box["tsdf"])
     if m._occ is not None:
         n["occupancy"] = min(_free_space_bricks(ranges, bm), box["occupancy"])
     if getattr(m, "_free", None) is not None:  # the rays' free space, walked at the ESDF's voxel
@@ -256,7 +263,8 @@ def lidar_growth(m, points_sensor, T_world_sensor, room: float | None = None) ->
     r = torch.linalg.vector_norm(p, dim=1)
     ok = torch.isfinite(p).all(dim=1) & (r > 1e-6) & (r <= m.max_range_m)
     p, r = p[ok], r[ok]
-    return _rays_growth(m, T[:3, 3], p @ T[:3, :3].T + T[:3, 3], r, room)
+    band = m.tsdf_config.lidar_band_m  # longer at grazing incidence
+    return _rays_growth(m, T[:3, 3], p @ T[:3, :3].T + T[:3, 3], r, room, band)
 
 
 def depth_growth(m, depth_m, K, T_world_sensor, room: float | None = None) -> Growth:

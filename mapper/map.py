@@ -114,6 +114,8 @@ class Map:
         keep_radius_m: optional radius policy (bounded memory, like nvblox's radius clearing): after each
             frame, the bricks lying wholly farther than this from the frame's sensor origin are freed in
             every layer. Deterministic (a function of the frames), so a replayed log gives the same map.
+        warmup: on CUDA, compile every Triton kernel this configuration uses now (once per configuration
+            per process, see :mod:`mapper.warmup`), not on the first frames. Not part of :meth:`config`.
     """
 
     def __init__(
@@ -130,6 +132,7 @@ class Map:
         registration: dict | None = None,
         keep_radius_m: float | None = None,
         esdf_voxel_size_m: float | None = None,
+        warmup: bool = True,
     ):
         self.voxel_size_m = _positive("voxel_size_m", voxel_size_m)
         self.keep_radius_m = _positive("keep_radius_m", keep_radius_m, allow_none=True)
@@ -204,6 +207,10 @@ class Map:
         self._pose_versions: list[int] = []
         self._trajectory_start = 0
         self._dirty_free: list[torch.Tensor] = []  # ESDF bricks whose free-record state changed
+        if warmup and self.device.type == "cuda":
+            from .warmup import warm_up
+
+            warm_up(self.config(), self.device)
 
     # ----------------------------------------------------------------------------------- integration
     def _begin(self):
