@@ -200,7 +200,7 @@ def test_grazing_ground_zero_crossings(el, device):
         err, coverage = _ground_case(device, el, z0, s, 4.0)
         assert err.mean() <= 0.2 and err.mean() <= 0.01, (el, z0, err.mean())
         assert np.percentile(err, 99) <= 0.05, (el, z0)
-        assert coverage >= 0.75, (el, z0, coverage)
+        assert coverage >= 0.7, (el, z0, coverage)
 
 
 def test_grazing_ground_along_ray_before(device):
