@@ -49,24 +49,25 @@ def test_scan_normals_plane_edge_line_and_orientation():
     e1 = e1 / e1.norm()
     e2 = torch.linalg.cross(n_true, e1)
     plane = uv[:, :1] * e1 + uv[:, 1:] * e2
-    nrm = N.scan_normals(origin, plane, 0.25)
+    nrm, sup = N.scan_normals(origin, plane, 0.25)
     has = (nrm != 0).any(dim=1)
     assert float(has.double().mean()) > 0.99
+    assert float(sup.median()) == 1.0 and not sup[~has].any()  # planar up to the largest cells (x4)
     # oriented towards the sensor (above the plane): +n_true, within 0.5 deg
     assert (nrm[has] @ n_true).min() > math.cos(math.radians(0.5))
     # seen from below the plane: flipped
-    below = N.scan_normals(-origin, plane, 0.25)
+    below = N.scan_normals(-origin, plane, 0.25)[0]
     assert (below[has] @ n_true).max() < -math.cos(math.radians(0.5))
     # a line (one ring of a spinning LiDAR far away): no plane, zero normals at every scale
     t = torch.linspace(0, 3, 400, dtype=torch.float64)
     line = torch.stack((t, 0.5 * t, torch.full_like(t, -1.0)), dim=1)
-    assert not N.scan_normals(origin, line, 0.25).any()
+    assert not N.scan_normals(origin, line, 0.25)[0].any()
     # two perpendicular walls (x = 0 and y = 0, x, y >= 0): a normal, where there is one, is a wall's
     a = torch.rand((2000, 2), generator=g, dtype=torch.float64) * 2
     wall_x = torch.stack((torch.zeros(2000, dtype=torch.float64), a[:, 0], a[:, 1]), dim=1)
     wall_y = torch.stack((a[:, 0], torch.zeros(2000, dtype=torch.float64), a[:, 1]), dim=1)
     pts = torch.cat((wall_x, wall_y))
-    nrm = N.scan_normals(torch.tensor([3.0, 3.0, 1.0], dtype=torch.float64), pts, 0.2, scales=(1,))
+    nrm, sup = N.scan_normals(torch.tensor([3.0, 3.0, 1.0], dtype=torch.float64), pts, 0.2, scales=(1,))
     has = (nrm != 0).any(dim=1)
     assert 0.5 < float(has.double().mean()) < 1.0  # near the edge: none
     true = torch.cat(
@@ -75,7 +76,8 @@ def test_scan_normals_plane_edge_line_and_orientation():
     assert (nrm[has] * true[has].double()).sum(dim=1).min() > math.cos(math.radians(1.0))
     near_edge = pts[:, :2].max(dim=1).values < 0.15  # distance to the edge x = y = 0
     assert not has[near_edge].any()
-    assert N.scan_normals(origin, torch.zeros((0, 3), dtype=torch.float64), 0.25).shape == (0, 3)
+    assert torch.equal(sup, has.double() * 0.2)  # one scale: its cell
+    assert N.scan_normals(origin, torch.zeros((0, 3), dtype=torch.float64), 0.25)[0].shape == (0, 3)
 
 
 # ----------------------------------------------------------------------------------- band walk

@@ -76,9 +76,11 @@ def lidar_rays(origin: torch.Tensor, points_w: torch.Tensor, cfg: TsdfConfig):
     weights ``[N]``, else None, None.
 
     With a normal ``n`` (:func:`mapper.kernels.normals.scan_normals`, towards the sensor) at incidence
-    ``cos = -dir . n``, the band along the ray is ``+-clamp(reach / cos, tau, grazing_band_factor * tau)``
-    with ``reach = grazing_reach_vox`` voxels: at grazing incidence it still reaches the voxels next to the
-    surface on both sides (the along-ray band ``+-tau`` spans only ``+-tau * cos`` across it), and the ray's
+    ``cos = -dir . n``, the band along the ray is ``+-clamp(reach / cos, tau, L)`` with ``reach =
+    grazing_reach_vox`` voxels: at grazing incidence it still reaches the voxels next to the surface on both
+    sides (the along-ray band ``+-tau`` spans only ``+-tau * cos`` across it); ``L = grazing_band_factor *
+    tau`` and no longer than the neighbourhood where the plane was verified (``support``: past a box's edge
+    the plane does not hold, and a ray that clips the corner would mark free space behind it), and the ray's
     weight is ``obs_weight * max(cos, min_incidence_weight)``. Without one: ``+-tau`` and ``obs_weight``.
     """
     d = points_w.to(torch.float64) - origin
@@ -87,13 +89,14 @@ def lidar_rays(origin: torch.Tensor, points_w: torch.Tensor, cfg: TsdfConfig):
     tau = cfg.tau
     if not cfg.lidar_normals:
         return dirs, r, (r - tau).clamp(min=0.0), r + tau, None, None
-    nrm = scan_normals(origin, points_w, cfg.normal_cell_vox * cfg.voxel_size_m)
+    nrm, support = scan_normals(origin, points_w, cfg.normal_cell_vox * cfg.voxel_size_m)
     cos = -(dirs * nrm).sum(dim=1)
     has = (nrm != 0).any(dim=1) & (cos > 0)
     nrm = nrm * has[:, None]
     k = max(1.0, cfg.grazing_band_factor)
     reach = cfg.grazing_reach_vox * cfg.voxel_size_m
-    half = torch.where(has, (reach / cos.clamp(min=1e-6)).clamp(min=tau, max=k * tau), tau)
+    longest = support.clamp(min=tau, max=k * tau)  # within the verified plane
+    half = torch.where(has, torch.minimum(reach / cos.clamp(min=1e-6), longest).clamp(min=tau), tau)
     w = torch.where(has, cos.clamp(min=cfg.min_incidence_weight, max=1.0), 1.0) * cfg.obs_weight
     return dirs, r, (r - half).clamp(min=0.0), r + half, nrm, w.to(torch.float32)
 

@@ -62,8 +62,11 @@ def _sym_min_eigvec(c: torch.Tensor):
     return torch.stack((l0, l1, l2), dim=1), v
 
 
-def scan_normals(origin: torch.Tensor, points_w: torch.Tensor, cell_m: float, scales=SCALES) -> torch.Tensor:
-    """Unit normals of the returns, oriented towards the sensor, or zero where no plane fits.
+def scan_normals(
+    origin: torch.Tensor, points_w: torch.Tensor, cell_m: float, scales=SCALES
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit normals of the returns, oriented towards the sensor, or zero where no plane fits, and how far the
+    plane is known to extend around each return.
 
     Args:
         origin: float ``[3]`` sensor origin (world); points_w: float ``[N, 3]`` world returns.
@@ -71,21 +74,27 @@ def scan_normals(origin: torch.Tensor, points_w: torch.Tensor, cell_m: float, sc
         scales: cell multipliers tried in turn; a return keeps the normal of the first scale whose
             neighbourhood is planar (sparse rings far from the sensor need the larger ones).
     Returns:
-        float64 ``[N, 3]`` on the points' device.
+        normals: float64 ``[N, 3]`` on the points' device;
+        support: float64 ``[N]`` metres: the largest cell edge (``cell_m * scale``) at which the return's
+        neighbourhood is planar (0: none). The neighbourhood reaches at least one cell beyond the return
+        in every direction, so the plane holds that far from it (the integrator's band stays within).
     """
     n = points_w.shape[0]
     dev = points_w.device
     out = torch.zeros((n, 3), dtype=torch.float64, device=dev)
+    support = torch.zeros(n, dtype=torch.float64, device=dev)
     if n == 0:
-        return out
+        return out, support
     o = origin.to(torch.float64)
     x = points_w.to(torch.float64) - o  # sensor-relative: small values, exact enough in float64
     for k in scales:
         nrm = _normals_at(points_w, x, cell_m * k)
+        planar = (nrm != 0).any(dim=1)
         out = torch.where((out != 0).any(dim=1, keepdim=True), out, nrm)
+        support = torch.where(planar, torch.clamp(support, min=cell_m * k), support)
     # towards the sensor: n . (origin - p) = -n . x >= 0
     flip = (out * x).sum(dim=1) > 0
-    return torch.where(flip[:, None], -out, out)
+    return torch.where(flip[:, None], -out, out), support
 
 
 def _normals_at(points_w, x, cell_m: float) -> torch.Tensor:
