@@ -11,8 +11,9 @@ every configuration it restores and for its default one before ``/readyz`` repor
 ``TRITON_CACHE_DIR`` under its data directory, so a restart loads the compiled kernels from disk.
 
 Where no Triton kernel runs (CPU without ``TRITON_INTERPRET``, ``MAPPER_KERNELS=torch``), nothing is done.
-Variants that depend on sizes (a loop bound bucketed to a power of two) may still compile later, on the
-first frame that reaches a new bucket.
+The coarse ray walk's loop bound is a power-of-two bucket of the longest ray's brick count (a constexpr):
+its variants are compiled for every bucket a ray up to the map's ``max_range_m`` can reach, at each cell
+size the map walks (:func:`_coarse_buckets`). Other size-dependent variants, if any, compile on first use.
 """
 
 from __future__ import annotations
@@ -102,6 +103,26 @@ def _scene_points(s: float, dev, n_azimuth: int) -> tuple[torch.Tensor, torch.Te
     return pts.to(dev), T
 
 
+def _coarse_buckets(m, dev: torch.device) -> None:
+    """One coarse walk per loop-bound bucket: a diagonal ray (the most bricks per metre) of lengths doubling
+    from one cell to ``max_range_m``, at the TSDF/occupancy brick and at the free record's brick."""
+    from .kernels.segments import brick_segments
+
+    cells = {4.0 * m.voxel_size_m}
+    if m._free is not None:
+        cells.add(4.0 * m.esdf_voxel_size_m)
+    o = torch.full((1, 3), 0.013, dtype=torch.float64, device=dev)
+    d = torch.full((1, 3), 1.0 / math.sqrt(3.0), dtype=torch.float64, device=dev)
+    t0 = torch.zeros(1, dtype=torch.float64, device=dev)
+    for cell in sorted(cells):
+        length = cell
+        while True:
+            brick_segments(o, d, t0, t0 + min(length, m.max_range_m), cell)
+            if length >= m.max_range_m:
+                break
+            length *= 2.0
+
+
 def _run(config: dict, dev: torch.device, n_azimuth: int) -> None:
     from .map import Map
 
@@ -134,5 +155,6 @@ def _run(config: dict, dev: torch.device, n_azimuth: int) -> None:
         m.mesh()
     if "occupancy" in m.layers:
         m.query_occupancy(q)
+    _coarse_buckets(m, dev)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

@@ -21,7 +21,7 @@ def test_warm_up_runs_the_kernels_or_skips(backend, monkeypatch):
     """Under the Triton interpreter (``backend == "triton"``) the warm-up runs the frame path of a small
     configuration; with the torch kernels (a CPU without Triton) it is skipped at no cost."""
     monkeypatch.setattr(warmup, "_done", set())
-    cfg = Map(0.2, layers=("tsdf",), device="cpu", warmup=False).config()
+    cfg = Map(0.2, layers=("tsdf",), device="cpu", max_range_m=8.0, warmup=False).config()
     if os.environ.get("MAPPER_TRITON_SM90") == "1":
         pytest.skip("every kernel here is compiled for sm_90 by its own tests")
     if backend == "torch":
