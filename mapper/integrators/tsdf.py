@@ -126,12 +126,15 @@ def lidar_band_samples(origin: torch.Tensor, points_w: torch.Tensor, cfg: TsdfCo
         dist = torch.linalg.vector_norm(centres - origin, dim=2)
         sdf = r[:, None] - dist
         w = torch.full_like(r, cfg.obs_weight, dtype=torch.float32)
+        skip = torch.zeros_like(valid)
         if nrm_all is not None:
             nrm, w = nrm_all[sl], w_all[sl]
             hit = origin + dirs * r[:, None]
             proj = ((centres - hit[:, None, :]) * nrm[:, None, :]).sum(dim=2)
-            sdf = torch.where((nrm != 0).any(dim=1)[:, None], proj, sdf)
-        keep = valid & (sdf >= -tau)
+            has = (nrm != 0).any(dim=1)[:, None]
+            skip = has & (sdf < 0) & (proj > 0)  # behind the return along the ray, in front of its plane
+            sdf = torch.where(has, proj, sdf)
+        keep = valid & (sdf >= -tau) & ~skip
         out_ijk.append(cells[keep])
         out_sdf.append(sdf[keep].clamp(max=tau).to(torch.float32))
         out_w.append(w[:, None].expand_as(sdf)[keep])

@@ -415,7 +415,9 @@ def walk_segments_torch(
             ray's return, oriented towards the sensor, or a zero row; float32 ``[R]`` weight per ray
             (replaces ``weight``). A ray with a normal gets the distance projected on it,
             ``sdf = (centre - hit) . n`` (computed as ``(centre - origin) . n - q`` with
-            ``q = rng * (dir . n)``, see :func:`plane_offsets`), instead of the along-ray distance.
+            ``q = rng * (dir . n)``, see :func:`plane_offsets`), instead of the along-ray distance; a voxel
+            behind the return along the ray but in front of its plane is skipped (the plane does not hold
+            there: a ray that clipped a box's corner, a surface curving away).
     """
     dev = dirs.device
     m_all = seg_ray.numel()
@@ -536,11 +538,15 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
         c = (v + 0.5) * s - o
         sdf = r - torch.sqrt(c[0] * c[0] + c[1] * c[1] + c[2] * c[2])
         wt = weight
+        keep = sdf >= -tau if alive is None else alive & (sdf >= -tau)
         if plane is not None:
             nn, q, wt = plane
             has = (nn != 0).any(dim=0)
-            sdf = torch.where(has, ((c[0] * nn[0] + c[1] * nn[1]) + c[2] * nn[2]) - q, sdf)
-        keep = sdf >= -tau if alive is None else alive & (sdf >= -tau)
+            proj = ((c[0] * nn[0] + c[1] * nn[1]) + c[2] * nn[2]) - q
+            # behind the return along the ray but in front of its plane: the plane does not hold there
+            skip = has & (sdf < 0) & (proj > 0)
+            sdf = torch.where(has, proj, sdf)
+            keep = (sdf >= -tau) & ~skip if alive is None else alive & (sdf >= -tau) & ~skip
         kf = keep.to(torch.float32)
         parts_i.append(idx * keep.to(f64))
         parts_v.append(sdf.clamp(max=tau).to(torch.float32) * wt * kf)

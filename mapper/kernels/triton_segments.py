@@ -253,8 +253,12 @@ def _walk_kernel(
             cz = (vz.to(tl.float64) + 0.5) * s - oz
             sdf = r - tl.sqrt(cx * cx + cy * cy + cz * cz)
             if PROJ:
-                sdf = tl.where(has_n, (cx * nx + cy * ny + cz * nz) - q, sdf)
-            keep = go & (sdf >= -tau)
+                pr = (cx * nx + cy * ny + cz * nz) - q
+                skip = has_n & (sdf < 0) & (pr > 0)  # behind the return, in front of its plane
+                sdf = tl.where(has_n, pr, sdf)
+                keep = go & (sdf >= -tau) & (~skip)
+            else:
+                keep = go & (sdf >= -tau)
             val = tl.minimum(sdf, tau).to(tl.float32)
             tl.atomic_add(out_a + idx, val * wt, mask=keep, sem="relaxed")
             tl.atomic_add(out_b + idx, wt, mask=keep, sem="relaxed")
