@@ -29,6 +29,7 @@ MIN_POINTS = 6
 PLANE_RATIO = 0.02  # lambda_0 / lambda_1: normal std <= ~14 % of the in-plane spread
 SPREAD_RATIO = 0.05  # lambda_1 / lambda_2: the neighbourhood spans two directions
 SCALES = (1, 2, 4)
+CELL_OFFSET = 0.3819660112501051  # 2 - golden ratio
 
 
 def _sym_min_eigvec(c: torch.Tensor):
@@ -101,7 +102,9 @@ def _normals_at(points_w, x, cell_m: float) -> torch.Tensor:
     """Unoriented normals from the 3 x 3 x 3 cells of edge ``cell_m`` (zero rows: not planar)."""
     n = x.shape[0]
     dev = x.device
-    cells = torch.floor(points_w.to(torch.float64) / cell_m).to(torch.int64)
+    # cells offset by an irrational fraction: synthetic surfaces at round coordinates do not sit on cell
+    # boundaries, where rounding noise in the pose would move returns between cells
+    cells = torch.floor(points_w.to(torch.float64) / cell_m + CELL_OFFSET).to(torch.int64)
     keys = brick_keys(cells)  # -1 outside the key range: those returns get no normal
     uk, inv = torch.unique(keys, return_inverse=True)  # sorted (sync: the cell count)
     u = uk.numel()
