@@ -88,6 +88,9 @@ def main() -> None:
             r["process_s"] = time.perf_counter() - t
             results.append(r)
             f = r["frame_ms"]
+            if a.out:  # as it goes: a timeout still leaves the finished cases
+                a.out.mkdir(parents=True, exist_ok=True)
+                (a.out / "warmup.json").write_text(json.dumps(results, indent=1))
             print(
                 f"{mode:8s} map creation {r['map_create_s'] * 1e3:8.1f} ms  first frame {f[0]:8.1f} ms  "
                 f"next {', '.join(f'{x:.1f}' for x in f[1:])} ms  (process {r['process_s']:.1f} s)",

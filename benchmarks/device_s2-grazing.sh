@@ -6,15 +6,15 @@ D="${OUT:-/tmp/out}/s2-grazing"
 mkdir -p "$D"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$D/gpu.txt" 2>&1
+# first frame of a new map: cold, after the warm-up, after a restart (cache on disk); one process each
+timeout 80 python3 benchmarks/bench_warmup.py --device cuda --voxel 0.1 --frames 3 --out "$D" > "$D/bench_warmup.txt" 2>&1
+echo "rc=$?" >> "$D/bench_warmup.txt"
 # the grazing / projected-walk / warm-up tests on CUDA
 timeout 45 python3 -m pytest -q -p no:cacheprovider tests/test_tsdf_grazing.py tests/test_warmup.py \
   -k "cuda or gpu" -rA --durations=8 > "$D/pytest_grazing.txt" 2>&1
 echo "rc=$?" >> "$D/pytest_grazing.txt"
-# first frame of a new map: cold, after the warm-up, after a restart (cache on disk); one process each
-timeout 70 python3 benchmarks/bench_warmup.py --device cuda --voxel 0.1 --frames 4 --out "$D" > "$D/bench_warmup.txt" 2>&1
-echo "rc=$?" >> "$D/bench_warmup.txt"
 # the LiDAR TSDF (now with normals) against its reference and the Triton walk against torch, on CUDA
-timeout 30 python3 -m pytest -q -p no:cacheprovider tests/test_segments.py -k "cuda and (lidar or walk)" \
+timeout 20 python3 -m pytest -q -p no:cacheprovider tests/test_segments.py -k "cuda and (lidar or walk)" \
   --durations=5 > "$D/pytest_segments.txt" 2>&1
 echo "rc=$?" >> "$D/pytest_segments.txt"
-tail -4 "$D/pytest_grazing.txt" "$D/bench_warmup.txt" "$D/pytest_segments.txt"
+tail -4 "$D/bench_warmup.txt" "$D/pytest_grazing.txt" "$D/pytest_segments.txt"

@@ -61,7 +61,7 @@ def test_map_warms_up_only_on_cuda(monkeypatch):
 def test_cuda_map_is_warm_after_creation():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    m = Map(0.1, layers=("tsdf", "esdf"), device="cuda")
+    m = Map(0.1, layers=("tsdf", "esdf"), device="cuda", max_range_m=20.0)
     assert warmup.warmed(m.config(), m.device)
 
 
