@@ -52,7 +52,7 @@ class TsdfConfig:
     # cells of normal_cell_vox voxels (0 = along the ray, the previous behaviour)
     normal_cell_vox: float = 4.0
     grazing_band_factor: float = 4.0
-    grazing_reach_vox: float = 1.0
+    grazing_reach_vox: float = 0.75
     min_incidence_weight: float = 1.0  # < 1: weight obs_weight * max(cos, this); 1 = off (see NOTES)
 
     @property
