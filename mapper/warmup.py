@@ -48,11 +48,12 @@ def needed(device) -> bool:
     return use_triton(torch.device(device))
 
 
-def warm_up(config: dict, device, *, force: bool = False, n_azimuth: int = 64) -> float:
+def warm_up(config: dict, device, *, force: bool = False, sizes: tuple[int, ...] = (64, 1027)) -> float:
     """Run the frame path of a map with ``config`` (``Map.config()``) on ``device`` once; returns the
     seconds it took (0.0 when skipped: nothing to compile, or this configuration was warmed already in
     this process and ``force`` is False). Errors are logged, never raised: a warm-up only saves time.
-    ``n_azimuth``: columns of the synthetic scan (x 16 beams; the CPU interpreter wants few)."""
+    ``sizes``: columns of the synthetic scans (x 16 beams), one pass of the frame path each (the CPU
+    interpreter wants one small one)."""
     dev = torch.device(device)
     if not needed(dev):
         return 0.0
@@ -62,7 +63,7 @@ def warm_up(config: dict, device, *, force: bool = False, n_azimuth: int = 64) -
             return 0.0
         t = time.perf_counter()
         try:
-            _run(config, dev, n_azimuth)
+            _run(config, dev, sizes)
         except Exception:  # pragma: no cover - a warm-up failure must not stop a map or the service
             log.exception("warm-up of %s on %s failed; kernels compile on first use", config, dev)
             return time.perf_counter() - t
@@ -104,57 +105,67 @@ def _scene_points(s: float, dev, n_azimuth: int) -> tuple[torch.Tensor, torch.Te
 
 
 def _coarse_buckets(m, dev: torch.device) -> None:
-    """One coarse walk per loop-bound bucket: a diagonal ray (the most bricks per metre) of lengths doubling
-    from one cell to ``max_range_m``, at the TSDF/occupancy brick and at the free record's brick."""
+    """One coarse walk per loop-bound bucket: diagonal rays (the most bricks per metre) of lengths doubling
+    from one cell to ``max_range_m``, at the TSDF/occupancy brick and at the free record's brick; 17 and
+    32 rays per launch (Triton specialises integer arguments on divisibility by 16 and on 1)."""
     from .kernels.segments import brick_segments
 
     cells = {4.0 * m.voxel_size_m}
     if m._free is not None:
         cells.add(4.0 * m.esdf_voxel_size_m)
-    o = torch.full((1, 3), 0.013, dtype=torch.float64, device=dev)
-    d = torch.full((1, 3), 1.0 / math.sqrt(3.0), dtype=torch.float64, device=dev)
-    t0 = torch.zeros(1, dtype=torch.float64, device=dev)
-    for cell in sorted(cells):
-        length = cell
-        while True:
-            brick_segments(o, d, t0, t0 + min(length, m.max_range_m), cell)
-            if length >= m.max_range_m:
-                break
-            length *= 2.0
+    for n in (17, 32):
+        o = torch.full((n, 3), 0.013, dtype=torch.float64, device=dev)
+        d = torch.full((n, 3), 1.0 / math.sqrt(3.0), dtype=torch.float64, device=dev)
+        t0 = torch.zeros(n, dtype=torch.float64, device=dev)
+        for cell in sorted(cells):
+            length = cell
+            while True:
+                brick_segments(o, d, t0, t0 + min(length, m.max_range_m), cell)
+                if length >= m.max_range_m:
+                    break
+                length *= 2.0
 
 
-def _run(config: dict, dev: torch.device, n_azimuth: int) -> None:
+def _run(config: dict, dev: torch.device, sizes) -> None:
+    """The frame path at each scan size in ``sizes`` (azimuth columns x 16 beams; two sizes give the
+    kernels' integer arguments other residues mod 16), then the coarse walk's buckets."""
     from .map import Map
 
     m = Map(**config, device=dev, warmup=False)
     s = m.voxel_size_m
-    pts, T = _scene_points(s, dev, n_azimuth)
-    T2 = T.clone()
-    T2[:3, 3] += torch.tensor([0.11, -0.07, 0.0], dtype=torch.float64)
-    m.integrate_lidar(pts, T, track=False)
-    m.integrate_lidar(pts, T2, track=False)
-    # a small depth image looking at the wall (camera z forward = world x)
-    w, h = 32, 24
-    K = torch.tensor([[24.0, 0, 15.5], [0, 24.0, 11.5], [0, 0, 1]], dtype=torch.float64)
-    Tc = torch.eye(4, dtype=torch.float64)
-    Tc[:3, :3] = torch.tensor([[0.0, 0, 1], [-1, 0, 0], [0, -1, 0]], dtype=torch.float64)
-    Tc[:3, 3] = T[:3, 3]
-    depth = torch.full((h, w), 3.0 + 7.0 * s, dtype=torch.float32, device=dev)
-    color = torch.full((h, w, 3), 128, dtype=torch.uint8, device=dev) if "color" in m.layers else None
-    m.integrate_depth(depth, K, Tc, color=color)
-    q = torch.tensor([[1.0, 0.2, 1.0], [0.0, 0.0, 0.1], [2.9, 0.0, 1.5]], dtype=torch.float32, device=dev)
-    if m._esdf is not None:
-        m.update_esdf()
-        m.query_distance(q)
-        m.esdf_slice(1.0, (-2.0, -2.0), (2.0, 2.0))
-        m.esdf_box((-1.0, -1.0, 0.0), (1.0, 1.0, 1.0))
-    if "tsdf" in m.layers:
-        m.query_tsdf(q)
-        K_small = torch.tensor([[3.0, 0, 1.5], [0, 3.0, 1.0], [0, 0, 1]], dtype=torch.float64)
-        m.raycast(Tc, K_small, 4, 3, max_range_m=4.0 * s)  # a few pixels and steps: the same kernels
-        m.mesh()
-    if "occupancy" in m.layers:
-        m.query_occupancy(q)
+    version = None
+    for k, n_az in enumerate(sizes):
+        pts, T = _scene_points(s, dev, n_az)
+        T[:3, 3] += torch.tensor([0.05 * k, 0.0, 0.0], dtype=torch.float64)
+        T2 = T.clone()
+        T2[:3, 3] += torch.tensor([0.11, -0.07, 0.0], dtype=torch.float64)
+        m.integrate_lidar(pts, T, track=False)
+        m.integrate_lidar(pts[: max(1, pts.shape[0] - 5)], T2, track=False)
+        # a small depth image looking at the wall (camera z forward = world x)
+        w, h = (32, 24) if k == 0 else (67, 45)
+        K = torch.tensor([[24.0, 0, (w - 1) / 2], [0, 24.0, (h - 1) / 2], [0, 0, 1]], dtype=torch.float64)
+        Tc = torch.eye(4, dtype=torch.float64)
+        Tc[:3, :3] = torch.tensor([[0.0, 0, 1], [-1, 0, 0], [0, -1, 0]], dtype=torch.float64)
+        Tc[:3, 3] = T[:3, 3]
+        depth = torch.full((h, w), 3.0 + 7.0 * s, dtype=torch.float32, device=dev)
+        color = torch.full((h, w, 3), 128, dtype=torch.uint8, device=dev) if "color" in m.layers else None
+        m.integrate_depth(depth, K, Tc, color=color)
+        nq = 3 if k == 0 else 35
+        q = torch.rand((nq, 3), generator=torch.Generator().manual_seed(k), dtype=torch.float32) * 4 - 2
+        q = q.to(dev)
+        if m._esdf is not None:
+            m.update_esdf()
+            m.query_distance(q)
+            m.esdf_slice(1.0, (-2.0, -2.0), (2.0, 2.0 + 0.3 * k))
+            m.esdf_box((-1.0, -1.0, 0.0), (1.0, 1.0 + 0.3 * k, 1.0))
+        if "tsdf" in m.layers:
+            m.query_tsdf(q)
+            K_small = torch.tensor([[3.0, 0, 1.5], [0, 3.0, 1.0], [0, 0, 1]], dtype=torch.float64)
+            m.raycast(Tc, K_small, 4, 3, max_range_m=4.0 * s)  # a few pixels and steps: the same kernels
+            mesh = m.mesh(since_version=version) if version is not None else m.mesh()
+            version = mesh.version
+        if "occupancy" in m.layers:
+            m.query_occupancy(q)
     _coarse_buckets(m, dev)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

@@ -33,9 +33,9 @@ def test_warm_up_runs_the_kernels_or_skips(backend, monkeypatch):
     calls = []
     real = warmup._run
     monkeypatch.setattr(warmup, "_run", lambda *a: calls.append(a) or real(*a))
-    assert warmup.warm_up(cfg, "cpu", n_azimuth=4) > 0.0
+    assert warmup.warm_up(cfg, "cpu", sizes=(4,)) > 0.0
     assert warmup.warmed(cfg, "cpu") and len(calls) == 1
-    assert warmup.warm_up(cfg, "cpu", n_azimuth=4) == 0.0  # once per configuration and device
+    assert warmup.warm_up(cfg, "cpu", sizes=(4,)) == 0.0  # once per configuration and device
     assert len(calls) == 1
 
 
