@@ -13,8 +13,10 @@ lazily: triton is optional).
   and the box's bitmap, in one pass.
 
 Float scalars reach kernels as fp32 when passed as Python floats, so voxel size, cell and tau travel in a
-float64 tensor. Both kernels are compiled with ``enable_fp_fusion=False``: no FMA contraction, the same
-rounding as the torch reference.
+float64 tensor. Integer arguments that change from frame to frame (counts, the bricks' box) are
+``do_not_specialize``: Triton would otherwise compile a variant per residue (``== 1``, ``% 16 == 0``) of
+each, mid-stream (seen as compile spikes after the warm-up, see NOTES). Both walk kernels are compiled
+with ``enable_fp_fusion=False``: no FMA contraction, the same rounding as the torch reference.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ _BLOCK_COARSE = 128  # 68 registers, no spills
 _BLOCK_WALK = 128  # one segment per thread (4 warps): ~90 registers, no spills (ptxas, sm_90)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _coarse_kernel(
     o_ptr,
     o_stride,
@@ -151,7 +153,7 @@ def _entry_axis(pe, d, s, lo):
     return c, entry_face, interior
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _walk_kernel(
     o_ptr,
     o_stride,
@@ -349,7 +351,7 @@ def walk_segments_triton(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "l0", "l1", "l2", "e0", "e1", "e2", "cells"])
 def _dense_flat_kernel(
     key_ptr,  # int64 [n]
     flat_ptr,  # int32 [n]
