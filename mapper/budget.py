@@ -282,7 +282,8 @@ def lidar_growth(m, points_sensor, T_world_sensor, room: float | None = None) ->
     if not bool(ok.all()):
         p, r = p[ok], r[ok]
     ends = (T[:3, :3] @ p.T + T[:3, 3:]).T  # a view of [3, N] rows: the box reduces them without a copy
-    return _rays_growth(m, T[:3, 3], ends, r, room)
+    band = m.tsdf_config.lidar_band_m  # longer than tau: the band reaches further at grazing incidence
+    return _rays_growth(m, T[:3, 3], ends, r, room, band)
 
 
 def depth_growth(m, depth_m, K, T_world_sensor, room: float | None = None) -> Growth:

@@ -115,6 +115,8 @@ class Map:
         keep_radius_m: optional radius policy (bounded memory, like nvblox's radius clearing): after each
             frame, the bricks lying wholly farther than this from the frame's sensor origin are freed in
             every layer. Deterministic (a function of the frames), so a replayed log gives the same map.
+        warmup: on CUDA, compile every Triton kernel this configuration uses now (once per configuration
+            per process, see :mod:`mapper.warmup`), not on the first frames. Not part of :meth:`config`.
     """
 
     def __init__(
@@ -131,6 +133,7 @@ class Map:
         registration: dict | None = None,
         keep_radius_m: float | None = None,
         esdf_voxel_size_m: float | None = None,
+        warmup: bool = True,
     ):
         self.voxel_size_m = _positive("voxel_size_m", voxel_size_m)
         self.keep_radius_m = _positive("keep_radius_m", keep_radius_m, allow_none=True)
@@ -206,6 +209,10 @@ class Map:
         self._trajectory_start = 0
         self._dirty_free: list[torch.Tensor] = []  # ESDF bricks whose free-record state changed
         self.read_only = False  # a read_view(): queries only
+        if warmup and self.device.type == "cuda":
+            from .warmup import warm_up
+
+            warm_up(self.config(), self.device)
 
     def read_view(self) -> Map:
         """A read-only version of the map as it is now, for readers on other threads while this map keeps

@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     malloc_arena_max: int = Field(2, ge=0)  # 0 = glibc's default (8 per core)
     malloc_trim_s: float = Field(10.0, ge=0)  # 0 = never
 
+    # compile the Triton kernels of the default map configuration and of every restored map before
+    # /readyz is ready; the Triton cache lives under data_dir/triton-cache unless TRITON_CACHE_DIR is set
+    warmup: bool = True
+
     # defaults of POST /v1/maps
     default_voxel_size_m: float = Field(0.1, gt=0)
     default_layers: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["tsdf", "esdf"])

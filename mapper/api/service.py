@@ -29,12 +29,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .. import budget, wire
+from .. import budget, warmup, wire
 from ..errors import (
     Conflict,
     InsufficientStorage,
@@ -783,6 +784,8 @@ class MapService:
 
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        self._own_triton_cache = not os.environ.get("TRITON_CACHE_DIR")
+        triton_cache_dir(self.settings.data_dir)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._recover_all(), name="recover"))
         self._tasks.append(loop.create_task(self._snapshot_loop(), name="snapshots"))
@@ -824,6 +827,8 @@ class MapService:
                 log.exception("map %s: close failed", e.id)
         self.maps.clear()
         self.query_pool.shutdown(wait=True)
+        if getattr(self, "_own_triton_cache", False):  # leave the environment as it was (tests, embedding)
+            os.environ.pop("TRITON_CACHE_DIR", None)
 
     async def _recover_all(self) -> None:
         ids = await asyncio.to_thread(self.data.map_ids)
@@ -839,8 +844,28 @@ class MapService:
             if entry.last_seq != entry.snapshot_seq:
                 await entry.snapshot()
         self.metrics.maps.set(len(self.maps))
+        await self._warm_up()
         self.ready.set()
         log.info("recovered %d maps (%d failed) from %s", len(self.maps), len(self.failed), self.data.root)
+
+    async def _warm_up(self) -> None:
+        """Compile the kernels of the default map configuration (restored maps compiled theirs when they
+        were built) before the service reports ready (``MAPPER_WARMUP``; skipped where no Triton runs)."""
+        if not self.settings.warmup or not warmup.needed(self.device):
+            return
+        s = self.settings
+        config = {
+            "voxel_size_m": s.default_voxel_size_m,
+            "layers": s.default_layers,
+            "max_range_m": s.default_max_range_m,
+        }
+        try:
+            cfg = Map(**config, device="cpu", warmup=False).config()  # the full config, as a new map has it
+        except Exception:
+            log.exception("warm-up: the default map configuration is invalid")
+            return
+        dt = await asyncio.to_thread(warmup.warm_up, cfg, self.device)
+        log.info("warm-up: %.2f s", dt)
 
     def _recover(self, map_id: str) -> MapEntry:
         mdir = self.data.map_dir(map_id)
@@ -1005,6 +1030,16 @@ class MapService:
 
 def finite(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def triton_cache_dir(data_dir) -> str:
+    """Point Triton's kernel cache at ``<data_dir>/triton-cache`` (created) unless ``TRITON_CACHE_DIR``
+    is set already; returns the directory in use. Compiled kernels then survive a restart."""
+    if not os.environ.get("TRITON_CACHE_DIR"):
+        path = Path(data_dir).resolve() / "triton-cache"
+        path.mkdir(parents=True, exist_ok=True)
+        os.environ["TRITON_CACHE_DIR"] = str(path)
+    return os.environ["TRITON_CACHE_DIR"]
 
 
 def data_dir_free_bytes(path) -> int:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.dispatch import use_triton
+from ..kernels.normals import scan_normals
 from ..kernels.segments import BAND, FrameSegments, walk_segments
 from ..layers import BrickLayer, FieldSpec, brick_local_coords, brick_offsets
 from .common import (
@@ -47,10 +48,57 @@ class TsdfConfig:
     obs_weight: float = 1.0
     max_weight: float = 100.0
     with_color: bool = False
+    # LiDAR at grazing incidence (see lidar_rays): distances projected on the normals of the scan, found in
+    # cells of normal_cell_vox voxels (0 = along the ray, the previous behaviour)
+    normal_cell_vox: float = 4.0
+    grazing_band_factor: float = 4.0
+    grazing_reach_vox: float = 0.75
+    min_incidence_weight: float = 1.0  # < 1: weight obs_weight * max(cos, this); 1 = off (see NOTES)
 
     @property
     def tau(self) -> float:
         return self.truncation_vox * self.voxel_size_m
+
+    @property
+    def lidar_normals(self) -> bool:
+        return self.normal_cell_vox > 0
+
+    @property
+    def lidar_band_m(self) -> float:
+        """Longest half band along a LiDAR ray (``tau``, up to ``grazing_band_factor * tau`` at grazing
+        incidence)."""
+        return self.tau * (max(1.0, self.grazing_band_factor) if self.lidar_normals else 1.0)
+
+
+def lidar_rays(origin: torch.Tensor, points_w: torch.Tensor, cfg: TsdfConfig):
+    """Per return of a LiDAR frame: float64 unit dirs ``[N, 3]``, range ``[N]``, band ``t0``/``t1``
+    ``[N]``, and (with ``cfg.lidar_normals``) float64 normals ``[N, 3]`` (zero rows: none) and float32 ray
+    weights ``[N]``, else None, None.
+
+    With a normal ``n`` (:func:`mapper.kernels.normals.scan_normals`, towards the sensor) at incidence
+    ``cos = -dir . n``, the band along the ray is ``+-clamp(reach / cos, tau, L)`` with ``reach =
+    grazing_reach_vox`` voxels: at grazing incidence it still reaches the voxels next to the surface on both
+    sides (the along-ray band ``+-tau`` spans only ``+-tau * cos`` across it); ``L = grazing_band_factor *
+    tau`` and no longer than the neighbourhood where the plane was verified (``support``: past a box's edge
+    the plane does not hold, and a ray that clips the corner would mark free space behind it), and the ray's
+    weight is ``obs_weight * max(cos, min_incidence_weight)``. Without one: ``+-tau`` and ``obs_weight``.
+    """
+    d = points_w.to(torch.float64) - origin
+    r = torch.linalg.vector_norm(d, dim=1)
+    dirs = d / r[:, None]
+    tau = cfg.tau
+    if not cfg.lidar_normals:
+        return dirs, r, (r - tau).clamp(min=0.0), r + tau, None, None
+    nrm, support = scan_normals(origin, points_w, cfg.normal_cell_vox * cfg.voxel_size_m)
+    cos = -(dirs * nrm).sum(dim=1)
+    has = (nrm != 0).any(dim=1) & (cos > 0)
+    nrm = nrm * has[:, None]
+    k = max(1.0, cfg.grazing_band_factor)
+    reach = cfg.grazing_reach_vox * cfg.voxel_size_m
+    longest = support.clamp(min=tau, max=k * tau)  # within the verified plane
+    half = torch.where(has, torch.minimum(reach / cos.clamp(min=1e-6), longest).clamp(min=tau), tau)
+    w = torch.where(has, cos.clamp(min=cfg.min_incidence_weight, max=1.0), 1.0) * cfg.obs_weight
+    return dirs, r, (r - half).clamp(min=0.0), r + half, nrm, w.to(torch.float32)
 
 
 def tsdf_fields(cfg: TsdfConfig) -> dict[str, FieldSpec]:
@@ -64,29 +112,38 @@ def tsdf_fields(cfg: TsdfConfig) -> dict[str, FieldSpec]:
 
 # ---------------------------------------------------------------------------------------------- grow
 def lidar_band_samples(origin: torch.Tensor, points_w: torch.Tensor, cfg: TsdfConfig):
-    """Voxels in the truncation band of each return: (int64 ``[M, 3]``, float32 sdf ``[M]``)."""
+    """Voxels in the truncation band of each return: (int64 ``[M, 3]``, float32 sdf ``[M]``, float32
+    weight ``[M]``); the distance along the ray, or projected on the return's normal (:func:`lidar_rays`)."""
     s, tau = cfg.voxel_size_m, cfg.tau
-    steps = max_dda_steps(2 * tau, s)
-    out_ijk, out_sdf = [], []
+    steps = max_dda_steps(2 * cfg.lidar_band_m, s)
+    dirs_all, r_all, t0_all, t1_all, nrm_all, w_all = lidar_rays(origin, points_w, cfg)
+    out_ijk, out_sdf, out_w = [], [], []
     for sl in chunked_rays(points_w.shape[0], points_w.device, rows=1 << 14):
-        p = points_w[sl].to(torch.float64)
-        d = p - origin
-        r = torch.linalg.vector_norm(d, dim=1)
-        dirs = d / r[:, None]
-        t0 = (r - tau).clamp(min=0.0)
-        t1 = r + tau
-        o = origin.expand(p.shape[0], 3)
+        dirs, r, t0, t1 = dirs_all[sl], r_all[sl], t0_all[sl], t1_all[sl]
+        o = origin.expand(r.shape[0], 3)
         cells, _, valid = dda(o, dirs, t0, t1, s, steps)
         centres = (cells.to(torch.float64) + 0.5) * s
         dist = torch.linalg.vector_norm(centres - origin, dim=2)
         sdf = r[:, None] - dist
-        keep = valid & (sdf >= -tau)
+        w = torch.full_like(r, cfg.obs_weight, dtype=torch.float32)
+        skip = torch.zeros_like(valid)
+        if nrm_all is not None:
+            nrm, w = nrm_all[sl], w_all[sl]
+            hit = origin + dirs * r[:, None]
+            proj = ((centres - hit[:, None, :]) * nrm[:, None, :]).sum(dim=2)
+            has = (nrm != 0).any(dim=1)[:, None]
+            skip = has & (sdf < 0) & (proj > 0)  # behind the return along the ray, in front of its plane
+            sdf = torch.where(has, proj, sdf)
+        keep = valid & (sdf >= -tau) & ~skip
         out_ijk.append(cells[keep])
         out_sdf.append(sdf[keep].clamp(max=tau).to(torch.float32))
-    ijk = torch.cat(out_ijk) if out_ijk else torch.zeros((0, 3), dtype=torch.int64, device=points_w.device)
-    sdf = torch.cat(out_sdf) if out_sdf else torch.zeros(0, dtype=torch.float32, device=points_w.device)
+        out_w.append(w[:, None].expand_as(sdf)[keep])
+    dev = points_w.device
+    ijk = torch.cat(out_ijk) if out_ijk else torch.zeros((0, 3), dtype=torch.int64, device=dev)
+    sdf = torch.cat(out_sdf) if out_sdf else torch.zeros(0, dtype=torch.float32, device=dev)
+    w = torch.cat(out_w) if out_w else torch.zeros(0, dtype=torch.float32, device=dev)
     ok = in_key_range(ijk)
-    return ijk[ok], sdf[ok]
+    return ijk[ok], sdf[ok], w[ok]
 
 
 def pixel_rays(depth: torch.Tensor, K: torch.Tensor, T: torch.Tensor, max_range_m: float):
@@ -178,14 +235,14 @@ def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Ten
         return 0
     s, tau = cfg.voxel_size_m, cfg.tau
     dev = points_w.device
+    if cfg.lidar_normals:
+        with timer("normals"):
+            dirs, r, t0, t1, nrm, ray_w = lidar_rays(origin, points_w, cfg)
+    else:
+        dirs, r, t0, t1, nrm, ray_w = lidar_rays(origin, points_w, cfg)
     with timer("grow"):
-        d = points_w.to(torch.float64) - origin
-        r = torch.linalg.vector_norm(d, dim=1)
-        dirs = d / r[:, None]
-        t0 = (r - tau).clamp(min=0.0)
-        t1 = r + tau
         o = origin.to(torch.float64).contiguous().expand(n, 3)  # one origin: stride 0
-        frame = FrameSegments(o, dirs, t0, t1, 4 * s, max_length=2 * tau)
+        frame = FrameSegments(o, dirs, t0, t1, 4 * s, max_length=2 * cfg.lidar_band_m)
         bricks = frame.bricks
         u = bricks.shape[0]
         if u == 0:
@@ -194,7 +251,9 @@ def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Ten
         w_sum = torch.zeros(u * 64, dtype=torch.float32, device=dev)
         for seg_ray, seg_rank in frame.segments():
             sums = (sdf_sum, w_sum)
-            walk_segments(BAND, o, dirs, t0, t1, r, seg_ray, seg_rank, bricks, s, sums, tau, cfg.obs_weight)
+            walk_segments(
+                BAND, o, dirs, t0, t1, r, seg_ray, seg_rank, bricks, s, sums, tau, cfg.obs_weight, nrm, ray_w
+            )
         del frame, seg_ray, seg_rank
         sdf_sum, w_sum = sdf_sum.view(u, 64), w_sum.view(u, 64)
         keep = (w_sum > 0).any(dim=1).nonzero().squeeze(1)  # bricks with samples (sync: their count)
@@ -218,10 +277,9 @@ def _integrate_lidar_reference(layer: BrickLayer, origin, points_w, cfg: TsdfCon
     """The previous implementation (voxel-resolution DDA over every band, samples scattered per brick);
     the tests' reference."""
     with timer("grow"):
-        ijk, sdf = lidar_band_samples(origin, points_w, cfg)
+        ijk, sdf, w = lidar_band_samples(origin, points_w, cfg)
         if ijk.shape[0] == 0:
             return 0
-        w = torch.full_like(sdf, cfg.obs_weight)
         bricks, (sdf_sum, w_sum) = brick_accumulate(ijk, sdf * w, w)
     with timer("merge"):
         slots = layer.allocate(bricks)

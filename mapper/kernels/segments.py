@@ -397,6 +397,8 @@ def walk_segments_torch(
     out: tuple[torch.Tensor, ...],
     tau: float = 0.0,
     weight: float = 1.0,
+    normals: torch.Tensor | None = None,
+    ray_weight: torch.Tensor | None = None,
 ) -> None:
     """Walk the voxels of every (ray, brick) segment and apply ``mode`` to frame-local accumulators.
 
@@ -409,6 +411,13 @@ def walk_segments_torch(
             float64 ``[R]``; the segment of ray r is ``[t0[r], t1[r]]``.
         seg_ray, seg_rank: int32 ``[M]``: the segment's ray and its brick's row in ``bricks``
             (``-1`` = skip); bricks: int ``[U, 3]`` brick coordinates (voxel ``>> 2``).
+        normals, ray_weight (BAND only, optional, together): float64 ``[R, 3]`` unit surface normal at each
+            ray's return, oriented towards the sensor, or a zero row; float32 ``[R]`` weight per ray
+            (replaces ``weight``). A ray with a normal gets the distance projected on it,
+            ``sdf = (centre - hit) . n`` (computed as ``(centre - origin) . n - q`` with
+            ``q = rng * (dir . n)``, see :func:`plane_offsets`), instead of the along-ray distance; a voxel
+            behind the return along the ray but in front of its plane is skipped (the plane does not hold
+            there: a ray that clipped a box's corner, a surface curving away).
     """
     dev = dirs.device
     m_all = seg_ray.numel()
@@ -423,6 +432,11 @@ def walk_segments_torch(
         rays["o"] = o.T.contiguous()
     if mode == BAND:
         rays["r"] = rng.to(f64)
+    proj = mode == BAND and normals is not None
+    if proj:
+        rays["n"] = normals.to(f64).T.contiguous()
+        rays["q"] = plane_offsets(dirs, rng, normals)
+        rays["w"] = ray_weight.to(torch.float32)
     lo_all = (bricks.to(torch.int64).T * 4).to(f64).contiguous()
     for c0 in range(0, m_all, chunk):
         sr = seg_ray[c0 : c0 + chunk]
@@ -447,6 +461,7 @@ def walk_segments_torch(
             out,
             tau,
             weight,
+            (g["n"], g["q"], g["w"]) if proj else None,
         )
 
 
@@ -476,11 +491,20 @@ def _entry_voxel(c, d, exact, entered, lo):
     return v - torch.stack((fix_x, fix_y, fix_z)).to(torch.float64)
 
 
-def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight):
+def plane_offsets(dirs: torch.Tensor, rng: torch.Tensor, normals: torch.Tensor) -> torch.Tensor:
+    """float64 ``[R]``: ``rng * (dir . n)``, the offset of each ray's tangent plane (origin-relative); the
+    torch walk and the Triton kernel both take it from here (the same rounding)."""
+    d = dirs.to(torch.float64)
+    n = normals.to(torch.float64)
+    return rng.to(torch.float64) * ((d[:, 0] * n[:, 0] + d[:, 1] * n[:, 1]) + d[:, 2] * n[:, 2])
+
+
+def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
     """The walk of one chunk of segments: per-axis rows (float64 ``[3, m]``: origin (or ``[3, 1]``),
     dirs, the brick's first voxel ``lo``; ``[m]``: t0, t1, range) with arithmetic selects (the CPU
     ``where`` is branchy, ~10x slower on random masks); all rows step together, finished ones masked,
-    and dropped when fewer than half are left."""
+    and dropped when fewer than half are left. ``plane``: per-row (normal ``[3, m]``, offset ``[m]``,
+    float32 weight ``[m]``) for the projected distance (see :func:`walk_segments_torch`)."""
     f64 = torch.float64
     band = mode == BAND
     dz = (d == 0).to(f64)
@@ -513,11 +537,20 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight):
             return
         c = (v + 0.5) * s - o
         sdf = r - torch.sqrt(c[0] * c[0] + c[1] * c[1] + c[2] * c[2])
+        wt = weight
         keep = sdf >= -tau if alive is None else alive & (sdf >= -tau)
+        if plane is not None:
+            nn, q, wt = plane
+            has = (nn != 0).any(dim=0)
+            proj = ((c[0] * nn[0] + c[1] * nn[1]) + c[2] * nn[2]) - q
+            # behind the return along the ray but in front of its plane: the plane does not hold there
+            skip = has & (sdf < 0) & (proj > 0)
+            sdf = torch.where(has, proj, sdf)
+            keep = (sdf >= -tau) & ~skip if alive is None else alive & (sdf >= -tau) & ~skip
         kf = keep.to(torch.float32)
         parts_i.append(idx * keep.to(f64))
-        parts_v.append(sdf.clamp(max=tau).to(torch.float32) * weight * kf)
-        parts_w.append(kf * weight)
+        parts_v.append(sdf.clamp(max=tau).to(torch.float32) * wt * kf)
+        parts_w.append(kf * wt)
 
     record(None)
     alive = None
@@ -544,6 +577,8 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight):
                 v, sgn, r = (x.index_select(-1, keep) for x in (v, sgn, r))
                 if o.shape[1] > 1:
                     o = o.index_select(1, keep)
+                if plane is not None:
+                    plane = tuple(x.index_select(-1, keep) for x in plane)
             alive = None
         record(alive)
     if not parts_i:
@@ -561,7 +596,21 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight):
 
 
 def walk_segments(
-    mode, origins, dirs, t0, t1, rng, seg_ray, seg_rank, bricks, voxel_size, out, tau=0.0, weight=1.0
+    mode,
+    origins,
+    dirs,
+    t0,
+    t1,
+    rng,
+    seg_ray,
+    seg_rank,
+    bricks,
+    voxel_size,
+    out,
+    tau=0.0,
+    weight=1.0,
+    normals=None,
+    ray_weight=None,
 ) -> None:
     """:func:`walk_segments_torch`, or its Triton kernel (one launch) where Triton runs."""
     if seg_ray.numel() == 0:
@@ -570,8 +619,36 @@ def walk_segments(
         from .triton_segments import walk_segments_triton
 
         return walk_segments_triton(
-            mode, origins, dirs, t0, t1, rng, seg_ray, seg_rank, bricks, voxel_size, out, tau, weight
+            mode,
+            origins,
+            dirs,
+            t0,
+            t1,
+            rng,
+            seg_ray,
+            seg_rank,
+            bricks,
+            voxel_size,
+            out,
+            tau,
+            weight,
+            normals,
+            ray_weight,
         )
     return walk_segments_torch(
-        mode, origins, dirs, t0, t1, rng, seg_ray, seg_rank, bricks, voxel_size, out, tau, weight
+        mode,
+        origins,
+        dirs,
+        t0,
+        t1,
+        rng,
+        seg_ray,
+        seg_rank,
+        bricks,
+        voxel_size,
+        out,
+        tau,
+        weight,
+        normals,
+        ray_weight,
     )

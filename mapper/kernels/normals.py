@@ -1,0 +1,148 @@
+"""Per-return surface normals of an unordered scan, from a voxel-hash neighbourhood (pure torch, any device).
+
+The LiDAR TSDF projects its signed distances on the surface normal at each return (see
+:func:`mapper.integrators.tsdf.integrate_lidar`); the scan is an unordered point set, so the normal of a
+return is the plane fitted (PCA) to the returns in the 3 x 3 x 3 cells of size ``cell_m`` around its cell:
+
+1. the points' cells are hashed (packed int64 keys, as the bricks') and made unique (one sort);
+2. each cell's moments (count, sum of ``p``, sum of ``p p^T``, ``p`` relative to the sensor origin) are
+   summed by ``index_add``; each cell then adds its 26 neighbours' moments (binary search of their keys);
+3. the smallest eigenvector of each cell's covariance (closed form for symmetric 3 x 3: the trigonometric
+   eigenvalues, then the largest cross product of two rows of ``C - lambda_min I``; no solver, no sync);
+4. a normal is kept only where the neighbourhood is a plane: at least :data:`MIN_POINTS` returns,
+   ``lambda_0 <= PLANE_RATIO * lambda_1`` (thin) and ``lambda_1 >= SPREAD_RATIO * lambda_2`` (not a line:
+   a single ring of a spinning LiDAR is a line), and is oriented towards the sensor. Other returns get a
+   zero normal: the integrator keeps the along-ray distance for them (edges, corners, sparse returns).
+
+All float64. One host sync (the number of distinct cells).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .segments import KEY_BITS, brick_keys
+
+MIN_POINTS = 6
+PLANE_RATIO = 0.02  # lambda_0 / lambda_1: normal std <= ~14 % of the in-plane spread
+SPREAD_RATIO = 0.05  # lambda_1 / lambda_2: the neighbourhood spans two directions
+SCALES = (1, 2, 4)
+CELL_OFFSET = 0.3819660112501051  # 2 - golden ratio
+CELL_CHUNK = 1 << 14
+
+
+def _sym_min_eigvec(c: torch.Tensor):
+    """Eigenvalues (ascending, ``[U, 3]``) and the unit eigenvector of the smallest (``[U, 3]``) of float64
+    symmetric ``[U, 3, 3]`` matrices (closed form; rows where it is ill-defined get any unit vector)."""
+    a00, a11, a22 = c[:, 0, 0], c[:, 1, 1], c[:, 2, 2]
+    a01, a02, a12 = c[:, 0, 1], c[:, 0, 2], c[:, 1, 2]
+    q = (a00 + a11 + a22) / 3.0
+    p1 = a01 * a01 + a02 * a02 + a12 * a12
+    p2 = (a00 - q) ** 2 + (a11 - q) ** 2 + (a22 - q) ** 2 + 2.0 * p1
+    p = torch.sqrt(p2 / 6.0)
+    ps = torch.where(p > 0, p, torch.ones_like(p))
+    b00, b11, b22 = (a00 - q) / ps, (a11 - q) / ps, (a22 - q) / ps
+    b01, b02, b12 = a01 / ps, a02 / ps, a12 / ps
+    det = b00 * (b11 * b22 - b12 * b12) - b01 * (b01 * b22 - b12 * b02) + b02 * (b01 * b12 - b11 * b02)
+    phi = torch.acos((det / 2.0).clamp(-1.0, 1.0)) / 3.0
+    l2 = q + 2.0 * p * torch.cos(phi)
+    l0 = q + 2.0 * p * torch.cos(phi + 2.0 * math.pi / 3.0)
+    l1 = 3.0 * q - l2 - l0
+    eye = torch.eye(3, dtype=c.dtype, device=c.device)
+    m = c - l0[:, None, None] * eye
+    r0, r1, r2 = m[:, 0], m[:, 1], m[:, 2]
+    cands = torch.stack(
+        (torch.linalg.cross(r0, r1), torch.linalg.cross(r0, r2), torch.linalg.cross(r1, r2)), 1
+    )
+    norms = torch.linalg.vector_norm(cands, dim=2)
+    best = norms.argmax(dim=1)
+    v = cands[torch.arange(c.shape[0], device=c.device), best]
+    nv = norms.gather(1, best[:, None]).squeeze(1)
+    v = v / torch.where(nv > 0, nv, torch.ones_like(nv))[:, None]
+    return torch.stack((l0, l1, l2), dim=1), v
+
+
+def scan_normals(
+    origin: torch.Tensor, points_w: torch.Tensor, cell_m: float, scales=SCALES
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit normals of the returns, oriented towards the sensor, or zero where no plane fits, and how far the
+    plane is known to extend around each return.
+
+    Args:
+        origin: float ``[3]`` sensor origin (world); points_w: float ``[N, 3]`` world returns.
+        cell_m: edge of the hash cells (metres); the neighbourhood is the 3 x 3 x 3 cells around a return's.
+        scales: cell multipliers tried in turn; a return keeps the normal of the first scale whose
+            neighbourhood is planar (sparse rings far from the sensor need the larger ones).
+    Returns:
+        normals: float64 ``[N, 3]`` on the points' device;
+        support: float64 ``[N]`` metres: the largest cell edge (``cell_m * scale``) at which the return's
+        neighbourhood is planar (0: none). The neighbourhood reaches at least one cell beyond the return
+        in every direction, so the plane holds that far from it (the integrator's band stays within).
+    """
+    n = points_w.shape[0]
+    dev = points_w.device
+    out = torch.zeros((n, 3), dtype=torch.float64, device=dev)
+    support = torch.zeros(n, dtype=torch.float64, device=dev)
+    if n == 0:
+        return out, support
+    o = origin.to(torch.float64)
+    x = points_w.to(torch.float64) - o  # sensor-relative: small values, exact enough in float64
+    for k in scales:
+        nrm = _normals_at(points_w, x, cell_m * k)
+        planar = (nrm != 0).any(dim=1)
+        out = torch.where((out != 0).any(dim=1, keepdim=True), out, nrm)
+        support = torch.where(planar, torch.clamp(support, min=cell_m * k), support)
+    # towards the sensor: n . (origin - p) = -n . x >= 0
+    flip = (out * x).sum(dim=1) > 0
+    return torch.where(flip[:, None], -out, out), support
+
+
+def _normals_at(points_w, x, cell_m: float) -> torch.Tensor:
+    """Unoriented normals from the 3 x 3 x 3 cells of edge ``cell_m`` (zero rows: not planar)."""
+    n = x.shape[0]
+    dev = x.device
+    # cells offset by an irrational fraction: synthetic surfaces at round coordinates do not sit on cell
+    # boundaries, where rounding noise in the pose would move returns between cells
+    cells = torch.floor(points_w.to(torch.float64) / cell_m + CELL_OFFSET).to(torch.int64)
+    keys = brick_keys(cells)  # -1 outside the key range: those returns get no normal
+    uk, inv = torch.unique(keys, return_inverse=True)  # sorted (sync: the cell count)
+    u = uk.numel()
+    mom = torch.zeros((u, 10), dtype=torch.float64, device=dev)
+    xx = x[:, :, None] * x[:, None, :]
+    iu = torch.triu_indices(3, 3, device=dev)
+    vals = torch.cat((torch.ones((n, 1), dtype=torch.float64, device=dev), x, xx[:, iu[0], iu[1]]), dim=1)
+    mom.index_add_(0, inv, vals)
+    valid_cell = uk >= 0
+    mom = mom * valid_cell[:, None]
+    # the 27 neighbours' keys at once ([U, 27]; one search, one gather)
+    off = torch.tensor(
+        [
+            (di << (2 * KEY_BITS)) + (dj << KEY_BITS) + dk
+            for di in (-1, 0, 1)
+            for dj in (-1, 0, 1)
+            for dk in (-1, 0, 1)
+        ],
+        dtype=torch.int64,
+        device=dev,
+    )
+    total = torch.empty_like(mom)
+    for c0 in range(0, u, CELL_CHUNK):  # [chunk, 27, 10] float64 temporaries: 35 MB
+        ukc = uk[c0 : c0 + CELL_CHUNK]
+        nk = ukc[:, None] + off[None, :]
+        pos = torch.searchsorted(uk, nk.reshape(-1)).clamp(max=u - 1).reshape(-1, 27)
+        hit = (uk[pos] == nk) & valid_cell[c0 : c0 + CELL_CHUNK, None]
+        total[c0 : c0 + CELL_CHUNK] = (mom[pos] * hit[:, :, None]).sum(dim=1)
+    cnt = total[:, 0]
+    cs = cnt.clamp(min=1.0)
+    mean = total[:, 1:4] / cs[:, None]
+    s = total[:, 4:] / cs[:, None]  # xx, xy, xz, yy, yz, zz
+    cov = torch.empty((u, 3, 3), dtype=torch.float64, device=dev)
+    cov[:, iu[0], iu[1]] = s - (mean[:, iu[0]] * mean[:, iu[1]])
+    cov[:, iu[1], iu[0]] = cov[:, iu[0], iu[1]]
+    lam, nrm = _sym_min_eigvec(cov)
+    l0, l1, l2 = lam.unbind(1)
+    ok = (cnt >= MIN_POINTS) & (l0 <= PLANE_RATIO * l1) & (l1 >= SPREAD_RATIO * l2) & (l2 > 0)
+    nrm = nrm * ok[:, None]
+    return nrm.index_select(0, inv)
