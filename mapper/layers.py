@@ -337,9 +337,9 @@ class BrickLayer:
             and len(self.removed_log) >= self.removed_log_limit
         ):
             return None
-        bricks, _ = self.brick_table()
-        leaf, b = (self.slots >= 0).nonzero(as_tuple=True)
-        changed = bricks[self.brick_versions[leaf, b] > version]
+        leaf, b = ((self.slots >= 0) & (self.brick_versions > version)).nonzero(as_tuple=True)
+        lc = self.grid.leaf_ijk.to(torch.int64)[leaf]
+        changed = lc * 2 + torch.stack(((b >> 2) & 1, (b >> 1) & 1, b & 1), dim=1)
         removed = [r for v, r in self.removed_log if v > version]
         removed = (
             torch.cat(removed) if removed else torch.zeros((0, 3), dtype=torch.int64, device=self.device)

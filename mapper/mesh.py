@@ -407,15 +407,20 @@ def _sorted_unique_blocks(blocks: torch.Tensor) -> torch.Tensor:
     return decode_block_keys(torch.unique(block_keys(blocks)))
 
 
-def _check_key_range(bricks: torch.Tensor) -> None:
-    """Edge keys hold voxel i, j in [-2^20, 2^20) and k in [-2^19, 2^19); cells reach 4 voxels up."""
+def _check_key_range(bricks: torch.Tensor, present: torch.Tensor) -> None:
+    """Edge keys hold voxel i, j in [-2^20, 2^20) and k in [-2^19, 2^19); cells reach 4 voxels up. Checks
+    the present bricks (one read-back)."""
     if bricks.shape[0] == 0:
         return
-    lo = (bricks.min(dim=0).values << 2).tolist()
-    hi = ((bricks.max(dim=0).values << 2) + 4).tolist()
     limits = (VOXEL_RANGE_IJ, VOXEL_RANGE_IJ, VOXEL_RANGE_K)
-    for axis, (a, b, (mn, mx)) in enumerate(zip(lo, hi, limits, strict=True)):
-        if a < mn or b >= mx:
+    lo = torch.tensor([mn for mn, _ in limits], device=bricks.device)
+    hi = torch.tensor([mx for _, mx in limits], device=bricks.device)
+    v = bricks << 2
+    bad = (present[:, None] & ((v < lo) | (v + 4 >= hi))).any(0).tolist()
+    for axis, (mn, mx) in enumerate(limits):
+        if bad[axis]:
+            a = int(v[present, axis].min())
+            b = int(v[present, axis].max()) + 4
             raise InvalidArgument(
                 f"layer: meshing supports voxel coordinates in [{mn}, {mx - 4}) on axis {'ijk'[axis]} "
                 f"(edge key range); the layer reaches [{a}, {b - 1}]"
@@ -466,19 +471,21 @@ def extract_mesh(layer: BrickLayer, voxel_size_m: float, bricks=None) -> Mesh:
         lim = _BLOCK_BIAS >> 2
         if req.shape[0] and bool(((req < -lim) | (req >= lim)).any()):
             raise InvalidArgument(f"bricks: coordinates must lie in [-{lim}, {lim})")
-    # only allocated bricks can hold cells (a cell's min corner must be observed)
-    present = (
-        layer.voxel_slots(req << 2)[0] >= 0 if req.shape[0] else torch.zeros(0, dtype=torch.bool, device=dev)
-    )
-    todo = req[present]
-    _check_key_range(todo)
+    return _mesh_blocks(layer, s, req, with_color, partial=bricks is not None)
+
+
+def _mesh_blocks(layer: BrickLayer, s: float, req: torch.Tensor, with_color: bool, partial: bool) -> Mesh:
+    """The mesh of the cells of ``req`` (int64 ``[M, 3]``, sorted by block key, unique; absent bricks have
+    no cells: their min corners are unobserved)."""
+    dev = layer.device
+    nbr = neighbour_slots(layer, req)
+    _check_key_range(req, nbr[:, 13] >= 0)
     table, count = _tables(dev)
-    result = marching_cubes(todo, neighbour_slots(layer, todo), layer.pool, table, count, s, with_color)
-    mesh = _assemble(result, todo, dev, with_color, layer.version, s)
-    if bricks is not None:
+    result = marching_cubes(req, nbr, layer.pool, table, count, s, with_color)
+    mesh = _assemble(result, req, dev, with_color, layer.version, s)
+    if partial:
         mesh.full = False
-        owned = torch.isin(block_keys(req), block_keys(mesh.blocks))
-        mesh.removed_blocks = req[~owned]
+        mesh.removed_blocks = req[result[0] == 0]
     return mesh
 
 
@@ -514,7 +521,9 @@ def mesh_since(layer: BrickLayer, voxel_size_m: float, since_version: int) -> Me
     if ch is None:
         return extract_mesh(layer, voxel_size_m)
     changed, removed = ch
-    mesh = extract_mesh(layer, voxel_size_m, affected_blocks(torch.cat((changed, removed))))
+    s = _check_voxel_size(voxel_size_m)
+    with_color = "color" in layer.pool.fields and "color_weight" in layer.pool.fields
+    mesh = _mesh_blocks(layer, s, affected_blocks(torch.cat((changed, removed))), with_color, partial=True)
     mesh.since_version = since
     return mesh
 

@@ -88,10 +88,14 @@ def with_kernels(mode: str, fn, *args):
         return fn(*args)
 
 
-@pytest.fixture(scope="module")
-def patchy_map():
+_PATCHY: dict = {}
+
+
+def patchy_map(device) -> Map:
     """Two spheres and a box-ish random region, some voxels unobserved, colours: on several pages."""
-    m = small_map(0.1, torch.device("cpu"))
+    if str(device) in _PATCHY:
+        return _PATCHY[str(device)]
+    m = small_map(0.1, device)
     write_field(m, sphere((0.01, 0.02, -0.01), 0.5), (-0.8,) * 3, (0.8,) * 3, color_fn=colour_of)
     gen = torch.Generator().manual_seed(3)
 
@@ -103,16 +107,17 @@ def patchy_map():
     layer = m._tsdf
     bricks, slots = layer.brick_table()
     sel = slots[::5]
-    vals = torch.randn((sel.numel(), 64), generator=gen) * 0.1
+    vals = (torch.randn((sel.numel(), 64), generator=gen) * 0.1).to(device)
     layer.pool.scatter("tsdf", sel, vals)  # random values: every case, ambiguous faces
     assert len(layer.pool.page_starts) > 3
+    _PATCHY[str(device)] = m
     return m
 
 
-def test_triton_mesh_matches_torch_reference(backend, patchy_map):
+def test_triton_mesh_matches_torch_reference(device, backend):
     if backend != "triton":
         pytest.skip("compares the Triton kernels with the torch reference")
-    m = patchy_map
+    m = patchy_map(device)
     layer, s = m._tsdf, m.voxel_size_m
     ref = with_kernels("torch", extract_mesh, layer, s)
     got = extract_mesh(layer, s)
@@ -120,7 +125,7 @@ def test_triton_mesh_matches_torch_reference(backend, patchy_map):
     assert_same_mesh(got, ref, exact=False)
     # the op itself, on an unsorted subset with absent bricks (same contract as the reference)
     bricks = layer.brick_table()[0]
-    sub = torch.cat((bricks[7::3], torch.tensor([[50, 50, 50]])))
+    sub = torch.cat((bricks[7::3], torch.tensor([[50, 50, 50]], device=device)))
     nbr = neighbour_slots(layer, sub)
     table, count = _tables(sub.device)
     from mapper.kernels.triton_mesh import marching_cubes_triton
@@ -139,24 +144,24 @@ def test_triton_mesh_matches_torch_reference(backend, patchy_map):
     assert a[4] is None and torch.equal(a[1], b[1])
 
 
-def test_triton_mesh_plane_and_sphere_are_on_the_analytic_surface(backend):
+def test_triton_mesh_plane_and_sphere_are_on_the_analytic_surface(device, backend):
     """A tilted plane: every vertex on the plane, normals = the plane's normal, closed strip of cells; a
     sphere: vertices within 0.1 voxel of the sphere, outward unit normals, welded and watertight."""
     s = 0.1
-    m = small_map(s, torch.device("cpu"), color=False)
+    m = small_map(s, device, color=False)
     n = torch.tensor([0.2, -0.3, 1.0], dtype=torch.float64)
     n = n / torch.linalg.vector_norm(n)
     write_field(m, lambda p: p @ n - 0.137, (-0.8, -0.8, -0.6), (0.8, 0.8, 0.8))
-    mesh = extract_mesh(m._tsdf, s)
+    mesh = extract_mesh(m._tsdf, s).to("cpu")
     assert mesh.num_faces > 200
     v = mesh.vertices.double()
     assert float((v @ n - 0.137).abs().max()) < 1e-5
     torch.testing.assert_close(mesh.normals.double(), n.expand(mesh.num_vertices, 3), rtol=0, atol=1e-3)
 
-    m = small_map(s, torch.device("cpu"), color=False)
+    m = small_map(s, device, color=False)
     c, r = torch.tensor([0.03, -0.02, 0.01], dtype=torch.float64), 0.45
     write_field(m, sphere(c, r), (-0.7,) * 3, (0.7,) * 3)
-    mesh = extract_mesh(m._tsdf, s)
+    mesh = extract_mesh(m._tsdf, s).to("cpu")
     v = mesh.vertices.double()
     d = torch.linalg.vector_norm(v - c, dim=1)
     assert float((d - r).abs().max()) < 0.1 * s
@@ -178,11 +183,11 @@ def test_triton_mesh_plane_and_sphere_are_on_the_analytic_surface(backend):
     assert int(shared.sum()) > 50
 
 
-def test_triton_incremental_equals_full_after_random_frames(backend):
+def test_triton_incremental_equals_full_after_random_frames(device, backend):
     """Random edits (spheres unioned in, values shifted, boxes cleared, weights decayed); after each, the
     previous mesh + the delta is exactly the full extraction, and matches the other backend's."""
     s = 0.05
-    m = Map(s, layers=("tsdf", "color"), device="cpu")
+    m = Map(s, layers=("tsdf", "color"), device=device)
     gen = torch.Generator().manual_seed(11)
     layer = m._tsdf
     cur = extract_mesh(layer, s)
@@ -194,7 +199,7 @@ def test_triton_incremental_equals_full_after_random_frames(backend):
             write_field(m, sphere(c, r), (c - r - 0.2).tolist(), (c + r + 0.2).tolist(), color_fn=colour_of)
         elif kind == 1:
             bricks, slots = layer.brick_table()
-            sel = torch.randperm(bricks.shape[0], generator=gen)[:5]
+            sel = torch.randperm(bricks.shape[0], generator=gen)[:5].to(device)
             t = layer.pool.gather("tsdf", slots[sel]).float()
             layer.pool.scatter("tsdf", slots[sel], t - 0.4 * s)
             layer.touch(bricks[sel])
@@ -211,13 +216,13 @@ def test_triton_incremental_equals_full_after_random_frames(backend):
     assert cur.num_faces > 100
 
 
-def test_triton_mesh_bad_input_and_empty(backend):
-    m = small_map(0.05, torch.device("cpu"))
+def test_triton_mesh_bad_input_and_empty(device, backend):
+    m = small_map(0.05, device)
     empty = extract_mesh(m._tsdf, 0.05)
     assert empty.num_faces == 0 and empty.num_vertices == 0 and empty.colors.shape == (0, 3)
     write_field(m, sphere((0, 0, 0), 0.2), (-0.3,) * 3, (0.3,) * 3)
     slots = m._tsdf.brick_table()[1]
-    m._tsdf.pool.scatter("weight", slots, torch.zeros(slots.numel(), 64))  # nothing observed
+    m._tsdf.pool.scatter("weight", slots, torch.zeros(slots.numel(), 64, device=device))  # nothing observed
     assert extract_mesh(m._tsdf, 0.05).num_faces == 0
     d = mesh_since(m._tsdf, 0.05, 0)
     assert d.num_faces == 0 and d.removed_blocks.shape[0] > 0
