@@ -42,7 +42,8 @@ import numpy as np
 import torch
 
 from .errors import Conflict, InvalidArgument, InvalidArgumentType
-from .kernels.marching import marching_cubes, neighbour_offsets
+from .kernels.marching import marching_cubes
+from .kernels.marching import neighbour_slots as nbr_slots_op
 from .layers import BrickLayer
 
 # ----------------------------------------------------------------------------------------------------
@@ -372,16 +373,12 @@ def _tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(table.astype(np.int64)).to(device), torch.from_numpy(count).to(device)
 
 
-@functools.cache
-def _nbr_offsets(device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(neighbour_offsets()).to(device)
-
-
 def neighbour_slots(layer: BrickLayer, bricks: torch.Tensor) -> torch.Tensor:
     """int64 ``[M, 27]``: pool slot of each brick's 27 neighbours (``mapper.kernels.marching`` order), -1
     where absent."""
-    nb = (bricks[:, None, :] + _nbr_offsets(bricks.device)[None]).reshape(-1, 3)
-    return layer.voxel_slots(nb << 2)[0].reshape(bricks.shape[0], 27)
+    g = layer.grid
+    tiles = g.tiles if g.num_leaves else None
+    return nbr_slots_op(bricks, g.leaves, tiles, layer.slots)
 
 
 def _check_layer(layer) -> None:
@@ -407,14 +404,22 @@ def _sorted_unique_blocks(blocks: torch.Tensor) -> torch.Tensor:
     return decode_block_keys(torch.unique(block_keys(blocks)))
 
 
+@functools.cache
+def _range_t(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    limits = (VOXEL_RANGE_IJ, VOXEL_RANGE_IJ, VOXEL_RANGE_K)
+    return (
+        torch.tensor([mn for mn, _ in limits], device=device),
+        torch.tensor([mx for _, mx in limits], device=device),
+    )
+
+
 def _check_key_range(bricks: torch.Tensor, present: torch.Tensor) -> None:
     """Edge keys hold voxel i, j in [-2^20, 2^20) and k in [-2^19, 2^19); cells reach 4 voxels up. Checks
     the present bricks (one read-back)."""
     if bricks.shape[0] == 0:
         return
     limits = (VOXEL_RANGE_IJ, VOXEL_RANGE_IJ, VOXEL_RANGE_K)
-    lo = torch.tensor([mn for mn, _ in limits], device=bricks.device)
-    hi = torch.tensor([mx for _, mx in limits], device=bricks.device)
+    lo, hi = _range_t(bricks.device)
     v = bricks << 2
     bad = (present[:, None] & ((v < lo) | (v + 4 >= hi))).any(0).tolist()
     for axis, (mn, mx) in enumerate(limits):
@@ -427,18 +432,34 @@ def _check_key_range(bricks: torch.Tensor, present: torch.Tensor) -> None:
             )
 
 
-def _assemble(result, bricks, dev, with_color, version, s) -> Mesh:
-    """The mesh of a :func:`~mapper.kernels.marching.marching_cubes` result, with its block bookkeeping."""
+def _assemble(result, bricks, dev, with_color, version, s, partial: bool) -> Mesh:
+    """The mesh of a :func:`~mapper.kernels.marching.marching_cubes` result over ``bricks``, with its block
+    bookkeeping (one read-back: the number of blocks with faces)."""
     face_counts, keys, pos, nrm, col, faces = result
-    mesh = empty_mesh(dev, with_color, version, s)
     has = face_counts > 0
-    mesh.blocks = bricks[has]
-    mesh.block_face_offsets = torch.cat(
-        (torch.zeros(1, dtype=torch.int64, device=dev), torch.cumsum(face_counts[has], 0))
+    idx = has.nonzero().squeeze(1)
+    zero = torch.zeros(1, dtype=torch.int64, device=dev)
+    if partial:  # requested blocks without faces: the consumer drops what it had there
+        n_empty = bricks.shape[0] - idx.numel()
+        if hasattr(torch, "nonzero_static"):
+            removed = bricks[torch.nonzero_static(~has, size=n_empty).squeeze(1)]
+        else:  # pragma: no cover - torch without nonzero_static
+            removed = bricks[~has]
+    else:
+        removed = torch.zeros((0, 3), dtype=torch.int64, device=dev)
+    return Mesh(
+        vertices=pos,
+        faces=faces.to(torch.int32),
+        normals=nrm,
+        colors=col,
+        vertex_keys=keys,
+        blocks=bricks[idx],
+        block_face_offsets=torch.cat((zero, torch.cumsum(face_counts, 0)[idx])),
+        removed_blocks=removed,
+        version=version,
+        full=not partial,
+        voxel_size_m=s,
     )
-    mesh.vertex_keys, mesh.vertices, mesh.normals, mesh.colors = keys, pos, nrm, col
-    mesh.faces = faces.to(torch.int32)
-    return mesh
 
 
 def extract_mesh(layer: BrickLayer, voxel_size_m: float, bricks=None) -> Mesh:
@@ -482,11 +503,7 @@ def _mesh_blocks(layer: BrickLayer, s: float, req: torch.Tensor, with_color: boo
     _check_key_range(req, nbr[:, 13] >= 0)
     table, count = _tables(dev)
     result = marching_cubes(req, nbr, layer.pool, table, count, s, with_color)
-    mesh = _assemble(result, req, dev, with_color, layer.version, s)
-    if partial:
-        mesh.full = False
-        mesh.removed_blocks = req[result[0] == 0]
-    return mesh
+    return _assemble(result, req, dev, with_color, layer.version, s, partial)
 
 
 # ----------------------------------------------------------------------------------------------------

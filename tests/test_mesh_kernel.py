@@ -139,6 +139,16 @@ def test_triton_mesh_matches_torch_reference(device, backend):
     torch.testing.assert_close(a[2], b[2], rtol=0, atol=1e-6)
     torch.testing.assert_close(a[3], b[3], rtol=0, atol=2e-6)
     assert int((a[4].int() - b[4].int()).abs().max()) <= 1
+    # the neighbour-slot kernel against its reference, with absent and out-of-range neighbours
+    from mapper.kernels.marching import neighbour_slots_torch
+    from mapper.kernels.triton_mesh import neighbour_slots_triton
+
+    far = torch.tensor([[(1 << 20) - 1, 0, 0], [-(1 << 20), 5, -3]], device=device)
+    q = torch.cat((sub, far))
+    g = layer.grid
+    ns = neighbour_slots_triton(q, g.leaves, g.tiles, layer.slots)
+    assert torch.equal(ns, neighbour_slots_torch(q, g.leaves, g.tiles, layer.slots))
+    assert bool((ns[-3:] == -1).all()) and int((ns >= 0).sum()) > 300
     # no colour fields: no colours
     a = marching_cubes_triton(sub, nbr, layer.pool, table, count, s, False)
     assert a[4] is None and torch.equal(a[1], b[1])

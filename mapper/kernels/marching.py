@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .dispatch import use_triton
+from .lookup import ijk_to_leaf_torch
 
 CORE = 5  # cells of a brick read the local voxels [0, 5)^3 (+ one layer around them for the gradients)
 CHUNK_BRICKS = 2048
@@ -255,6 +256,35 @@ def marching_cubes_torch(
     nrm = torch.cat([p[2] for p in pieces])[rep]
     col = torch.cat([p[3] for p in pieces])[rep] if with_color else None
     return face_counts, gkeys, pos, nrm, col, torch.cat(faces)
+
+
+@functools.cache
+def _offsets_t(device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(neighbour_offsets()).to(device)
+
+
+def neighbour_slots_torch(bricks: torch.Tensor, leaves, tiles, slot_table: torch.Tensor) -> torch.Tensor:
+    """int64 ``[M, 27]``: pool slot of brick ``b + d`` (-1 where absent) for the bricks ``b`` (int64
+    ``[M, 3]``) and the 27 offsets ``d`` (neighbour-table order) of a brick layer given by its grid's
+    ``leaves`` / ``tiles`` and its leaf-level slot table (int32 ``[L, 8]``)."""
+    m = bricks.shape[0]
+    if m == 0 or leaves.keys.numel() == 0:
+        return torch.full((m, 27), -1, dtype=torch.int64, device=bricks.device)
+    d = _offsets_t(bricks.device)
+    v = (bricks[:, None, :].to(torch.int64) + d[None]).reshape(-1, 3) << 2
+    leaf = ijk_to_leaf_torch(leaves, v)
+    b = (((v[:, 0] >> 2) & 1) << 2) | (((v[:, 1] >> 2) & 1) << 1) | ((v[:, 2] >> 2) & 1)
+    slot = torch.where(leaf >= 0, slot_table[leaf.clamp(min=0), b].to(torch.int64), torch.full_like(leaf, -1))
+    return slot.reshape(m, 27)
+
+
+def neighbour_slots(bricks: torch.Tensor, leaves, tiles, slot_table: torch.Tensor) -> torch.Tensor:
+    """See :func:`neighbour_slots_torch`: the Triton kernel where ``use_triton``, else the reference."""
+    if bricks.shape[0] and leaves.keys.numel() and use_triton(bricks.device):
+        from .triton_mesh import neighbour_slots_triton
+
+        return neighbour_slots_triton(bricks, leaves, tiles, slot_table)
+    return neighbour_slots_torch(bricks, leaves, tiles, slot_table)
 
 
 def marching_cubes(bricks, nbr_slots, pool, tri_table, tri_count, voxel_size_m: float, with_color: bool):

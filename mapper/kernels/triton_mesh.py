@@ -22,8 +22,53 @@ import torch
 import triton
 import triton.language as tl
 
+from .keys import TILE_AXIS_BITS, TILE_BIAS, VOXEL_LIMIT
 from .marching import IJ_BIAS, IJ_BITS, K_BIAS, K_BITS, empty_result
+from .triton_ops import _leaf_in_tile, _n_iter
 from .triton_paged import n_iter, page_base, page_of
+from .triton_query import _find_tile_loop
+
+
+@triton.jit
+def _mc_neighbours_kernel(
+    bricks_ptr, out_ptr, n, tkeys, tmask, tstart, n_tiles, slots_ptr,
+    NT: tl.constexpr, LIMIT: tl.constexpr, BIAS: tl.constexpr, AXB: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Pool slot (-1 if absent) of brick ``b + d`` for every brick b and each of the 27 offsets d: tile
+    binary search -> leaf -> the leaf's brick-slot table (the path of ``BrickLayer.voxel_slots``)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n * 27
+    b = i // 27
+    d = i % 27
+    x = (tl.load(bricks_ptr + b * 3 + 0, mask=m, other=0) + d // 9 - 1) * 4
+    y = (tl.load(bricks_ptr + b * 3 + 1, mask=m, other=0) + (d // 3) % 3 - 1) * 4
+    z = (tl.load(bricks_ptr + b * 3 + 2, mask=m, other=0) + d % 3 - 1) * 4
+    ok = m & (x >= -LIMIT) & (x < LIMIT) & (y >= -LIMIT) & (y < LIMIT) & (z >= -LIMIT) & (z < LIMIT)
+    tkey = (((x >> 5) + BIAS) << (2 * AXB)) | (((y >> 5) + BIAS) << AXB) | ((z >> 5) + BIAS)
+    t = _find_tile_loop(tkeys, n_tiles, tkey, ok, NT)
+    pos = (((x >> 3) & 3) << 4) | (((y >> 3) & 3) << 2) | ((z >> 3) & 3)
+    leaf = _leaf_in_tile(t, pos, tmask, tstart)
+    has = leaf >= 0
+    bi = (((x >> 2) & 1) << 2) | (((y >> 2) & 1) << 1) | ((z >> 2) & 1)
+    slot = tl.load(slots_ptr + leaf * 8 + bi, mask=has, other=-1).to(tl.int64)
+    tl.store(out_ptr + i, slot, mask=m)
+
+
+def neighbour_slots_triton(bricks: torch.Tensor, leaves, tiles, slot_table: torch.Tensor) -> torch.Tensor:
+    """Triton version of :func:`mapper.kernels.marching.neighbour_slots_torch` (same arguments)."""
+    m = bricks.shape[0]
+    out = torch.empty((m, 27), dtype=torch.int64, device=bricks.device)
+    if m == 0:
+        return out
+    if leaves.keys.numel() == 0:
+        return out.fill_(-1)
+    block = 256 if bricks.device.type == "cuda" else 4096
+    _mc_neighbours_kernel[(triton.cdiv(m * 27, block),)](
+        bricks.to(torch.int64).contiguous(), out, m, tiles.keys, tiles.masks, tiles.starts,
+        tiles.keys.numel(), slot_table.contiguous(), NT=_n_iter(tiles.keys.numel()), LIMIT=VOXEL_LIMIT,
+        BIAS=TILE_BIAS, AXB=TILE_AXIS_BITS, BLOCK=block,
+    )  # fmt: skip
+    return out
 
 
 @triton.jit
@@ -212,6 +257,17 @@ def _mc_vertex_kernel(
 
 
 _TABLES: dict = {}
+_PARAMS: dict = {}
+
+
+def _param(s: float, dev: torch.device) -> torch.Tensor:
+    """The voxel size as a float64 device tensor (Triton passes Python floats as float32), cached."""
+    t = _PARAMS.get((s, dev))
+    if t is None:
+        if len(_PARAMS) > 64:
+            _PARAMS.clear()
+        t = _PARAMS[(s, dev)] = torch.tensor([s], dtype=torch.float64).to(dev)
+    return t
 
 
 def _tables(tri_table: torch.Tensor, tri_count: torch.Tensor):
@@ -274,7 +330,7 @@ def marching_cubes_triton(
     col = torch.empty((nv, 3), dtype=torch.uint8, device=dev) if with_color else pos
     col_pt = pool.page_table("color") if with_color else tsdf_pt
     cw_pt = pool.page_table("color_weight") if with_color else tsdf_pt
-    prm = torch.tensor([float(voxel_size_m)], dtype=torch.float64).to(dev, non_blocking=True)
+    prm = _param(float(voxel_size_m), dev)
     block = 128 if dev.type == "cuda" else 1024
     _mc_vertex_kernel[(triton.cdiv(nv, block),)](
         ukeys, vb, bricks, nslots, starts, n_pages, tsdf_pt, w_pt, col_pt, cw_pt, prm, pos, nrm, col, nv,
