@@ -441,9 +441,9 @@ def _assemble(result, bricks, dev, with_color, version, s, partial: bool) -> Mes
     zero = torch.zeros(1, dtype=torch.int64, device=dev)
     if partial:  # requested blocks without faces: the consumer drops what it had there
         n_empty = bricks.shape[0] - idx.numel()
-        if hasattr(torch, "nonzero_static"):
+        try:  # no read-back: the size is known
             removed = bricks[torch.nonzero_static(~has, size=n_empty).squeeze(1)]
-        else:  # pragma: no cover - torch without nonzero_static
+        except (AttributeError, NotImplementedError, RuntimeError):  # pragma: no cover - older torch
             removed = bricks[~has]
     else:
         removed = torch.zeros((0, 3), dtype=torch.int64, device=dev)
