@@ -234,16 +234,19 @@ def marching_cubes_torch(
     """Torch reference of :func:`marching_cubes` (chunks of ``CHUNK_BRICKS`` bricks, then one global weld)."""
     dev = bricks.device
     m = bricks.shape[0]
+    # absent bricks have no cells (their min corners are unobserved): skip them
+    idx = (nbr_slots[:, 13] >= 0).nonzero().squeeze(1)
     pieces, counts = [], []
-    for start in range(0, m, CHUNK_BRICKS):
-        sl = slice(start, start + CHUNK_BRICKS)
+    for start in range(0, idx.numel(), CHUNK_BRICKS):
+        sl = idx[start : start + CHUNK_BRICKS]
         piece, fc = _chunk(bricks[sl], nbr_slots[sl], pool, tri_table, tri_count, voxel_size_m, with_color)
         if piece is not None:
             pieces.append(piece)
         counts.append(fc)
     if not pieces:
         return empty_result(m, dev, with_color)
-    face_counts = torch.cat(counts)
+    face_counts = torch.zeros(m, dtype=torch.int64, device=dev)
+    face_counts[idx] = torch.cat(counts)
     keys = torch.cat([p[0] for p in pieces])
     gkeys, ginv = torch.unique(keys, return_inverse=True)
     rep = torch.empty(gkeys.numel(), dtype=torch.int64, device=dev)
