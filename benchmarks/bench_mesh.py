@@ -92,9 +92,9 @@ def bench_full(args, dev, lines):
     del m, mesh
 
 
-def bench_incremental(args, dev, lines):
+def bench_incremental(args, dev, lines, sensor):
     s = args.voxel
-    if args.sensor == "lidar":
+    if sensor == "lidar":
         scene = sim.outdoor_scene(0, extent_m=200.0, device=dev)
         lidar = sim.SpinningLidar()
         poses = sim.driving_trajectory(args.frames, scene=scene)
@@ -134,7 +134,7 @@ def bench_incremental(args, dev, lines):
         f"{m.stats()['layers']['tsdf']['voxels'] / 1e6:.2f} M voxels"
     )
     lines.append(
-        row(f"incremental `Map.mesh(since_version)` after each {args.sensor} frame, {s * 100:g} cm", ts, note)
+        row(f"incremental `Map.mesh(since_version)` after each {sensor} frame, {s * 100:g} cm", ts, note)
     )
     print(lines[-1], flush=True)
 
@@ -175,6 +175,13 @@ def profile_stages(m, version, dev, args, lines):
         print(lines[-1], flush=True)
     if dev.type != "cuda":
         return
+    try:
+        profile_once(m, version, lines)
+    except Exception as e:  # the numbers above still count
+        print(f"profile failed: {e!r}", flush=True)
+
+
+def profile_once(m, version, lines):
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -227,14 +234,17 @@ def main(argv=None):
     ]
     print("\n".join(head), flush=True)
     lines = []
-    if "full" in args.parts:
-        bench_full(args, dev, lines)
+    parts = [bench_full] if "full" in args.parts else []
     if "incremental" in args.parts:
-        for sensor in args.sensor:
-            args.sensor = sensor
-            bench_incremental(args, dev, lines)
-    if args.out:
-        Path(args.out).write_text("\n".join(head + lines) + "\n")
+        parts += [lambda a, d, ls, sensor=x: bench_incremental(a, d, ls, sensor) for x in args.sensor]
+    for part in parts:
+        try:
+            part(args, dev, lines)
+        except Exception as e:  # report what ran; a failing part does not hide the others
+            lines.append(f"| failed: {e!r} | | | | | |")
+            print(lines[-1], flush=True)
+        if args.out:
+            Path(args.out).write_text("\n".join(head + lines) + "\n")
 
 
 if __name__ == "__main__":

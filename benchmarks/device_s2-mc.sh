@@ -9,8 +9,8 @@ mkdir -p "$O"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$O/gpu.txt" 2>&1
 git rev-parse HEAD >> "$O/gpu.txt" 2>/dev/null
-timeout 45 python3 -m pytest -q -p no:cacheprovider tests/test_mesh_kernel.py 2>&1 | tee "$O/tests.log" | tail -6
-timeout 50 python3 benchmarks/bench_mesh.py --device cuda --parts full incremental --sensor depth \
+timeout 55 python3 -m pytest -q -p no:cacheprovider tests/test_mesh_kernel.py 2>&1 | tee "$O/tests.log" | tail -6
+timeout 55 python3 benchmarks/bench_mesh.py --device cuda --parts full incremental --sensor depth \
   --frames 40 --reps 30 --profile --out "$O/mesh_h200.md" 2>&1 | tee "$O/bench.log" | tail -40
-timeout 45 python3 benchmarks/bench_mesh.py --device cuda --parts incremental --sensor lidar \
+timeout 35 python3 benchmarks/bench_mesh.py --device cuda --parts incremental --sensor lidar \
   --frames 25 --out "$O/mesh_lidar_h200.md" 2>&1 | tee "$O/bench_lidar.log" | tail -8
