@@ -515,9 +515,14 @@ def affected_blocks(bricks: torch.Tensor) -> torch.Tensor:
     by block key (int64 ``[M, 3]`` -> int64 ``[A, 3]``)."""
     if bricks.shape[0] == 0:
         return bricks.reshape(0, 3).to(torch.int64)
-    r = torch.arange(-1, 2, device=bricks.device)
-    d = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), -1).reshape(-1, 3)
+    d = _offsets27(bricks.device)
     return _sorted_unique_blocks((bricks[:, None, :].to(torch.int64) + d[None]).reshape(-1, 3))
+
+
+@functools.cache
+def _offsets27(device: torch.device) -> torch.Tensor:
+    r = torch.arange(-1, 2)
+    return torch.stack(torch.meshgrid(r, r, r, indexing="ij"), -1).reshape(-1, 3).to(device)
 
 
 def mesh_since(layer: BrickLayer, voxel_size_m: float, since_version: int) -> Mesh:
