@@ -114,7 +114,7 @@ def patchy_map(device) -> Map:
     return m
 
 
-def test_triton_mesh_matches_torch_reference(device, backend):
+def test_mesh_kernels_match_torch_reference(device, backend):
     if backend != "triton":
         pytest.skip("compares the Triton kernels with the torch reference")
     m = patchy_map(device)
@@ -154,7 +154,7 @@ def test_triton_mesh_matches_torch_reference(device, backend):
     assert a[4] is None and torch.equal(a[1], b[1])
 
 
-def test_triton_mesh_plane_and_sphere_are_on_the_analytic_surface(device, backend):
+def test_mesh_plane_and_sphere_are_on_the_analytic_surface(device, backend):
     """A tilted plane: every vertex on the plane, normals = the plane's normal, closed strip of cells; a
     sphere: vertices within 0.1 voxel of the sphere, outward unit normals, welded and watertight."""
     s = 0.1
@@ -193,7 +193,7 @@ def test_triton_mesh_plane_and_sphere_are_on_the_analytic_surface(device, backen
     assert int(shared.sum()) > 50
 
 
-def test_triton_incremental_equals_full_after_random_frames(device, backend):
+def test_incremental_mesh_equals_full_after_random_frames(device, backend):
     """Random edits (spheres unioned in, values shifted, boxes cleared, weights decayed); after each, the
     previous mesh + the delta is exactly the full extraction, and matches the other backend's."""
     s = 0.05
@@ -226,7 +226,7 @@ def test_triton_incremental_equals_full_after_random_frames(device, backend):
     assert cur.num_faces > 100
 
 
-def test_triton_mesh_bad_input_and_empty(device, backend):
+def test_mesh_bad_input_and_empty(device, backend):
     m = small_map(0.05, device)
     empty = extract_mesh(m._tsdf, 0.05)
     assert empty.num_faces == 0 and empty.num_vertices == 0 and empty.colors.shape == (0, 3)
