@@ -24,12 +24,32 @@ import triton.language as tl
 
 from .keys import TILE_AXIS_BITS, TILE_BIAS, VOXEL_LIMIT
 from .marching import IJ_BIAS, IJ_BITS, K_BIAS, K_BITS, empty_result
-from .triton_ops import _leaf_in_tile, _n_iter
+from .triton_ops import _leaf_in_tile
 from .triton_paged import n_iter, page_base, page_of
 from .triton_query import _find_tile_loop
 
+# No recompilation mid-stream: sizes are ``do_not_specialize`` and the binary searches run a fixed number of
+# steps (extra steps are no-ops), so a growing map (more pages, more tiles) keeps the compiled kernels.
+PAGE_STEPS = 17  # pages < 2^16
+TILE_STEPS = 33  # tiles < 2^32
 
-@triton.jit
+
+@triton.jit(do_not_specialize=["n_pages", "n"])
+def _mc_pages_kernel(
+    slots_ptr, starts_ptr, n_pages, page_ptr, base_ptr, n, NP: tl.constexpr, BLOCK: tl.constexpr
+):
+    """Per neighbour slot: its pool page (-1 if absent) and the element index of its first voxel in that
+    page, so the cell and vertex kernels address voxels without a page search."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    slot = tl.load(slots_ptr + i, mask=m, other=-1)
+    has = m & (slot >= 0)
+    page, start = page_of(starts_ptr, n_pages, slot, has, NP)
+    tl.store(page_ptr + i, tl.where(has, page, -1), mask=m)
+    tl.store(base_ptr + i, tl.where(has, (slot - start) * 64, 0), mask=m)
+
+
+@triton.jit(do_not_specialize=["n", "n_tiles"])
 def _mc_neighbours_kernel(
     bricks_ptr, out_ptr, n, tkeys, tmask, tstart, n_tiles, slots_ptr,
     NT: tl.constexpr, LIMIT: tl.constexpr, BIAS: tl.constexpr, AXB: tl.constexpr, BLOCK: tl.constexpr,
@@ -65,37 +85,36 @@ def neighbour_slots_triton(bricks: torch.Tensor, leaves, tiles, slot_table: torc
     block = 256 if bricks.device.type == "cuda" else 4096
     _mc_neighbours_kernel[(triton.cdiv(m * 27, block),)](
         bricks.to(torch.int64).contiguous(), out, m, tiles.keys, tiles.masks, tiles.starts,
-        tiles.keys.numel(), slot_table.contiguous(), NT=_n_iter(tiles.keys.numel()), LIMIT=VOXEL_LIMIT,
+        tiles.keys.numel(), slot_table.contiguous(), NT=TILE_STEPS, LIMIT=VOXEL_LIMIT,
         BIAS=TILE_BIAS, AXB=TILE_AXIS_BITS, BLOCK=block,
     )  # fmt: skip
     return out
 
 
 @triton.jit
-def _voxel(nslots_ptr, brick, lx, ly, lz, starts_ptr, n_pages, m, NP: tl.constexpr):
+def _voxel(npage_ptr, brick, lx, ly, lz, nbase_ptr, m):
     """(present, page, element index in the page) of local voxel (lx, ly, lz) (each in [-1, 8)) of
-    ``brick``, through its row of the 27-neighbour slot table."""
-    n = ((lx >> 2) + 1) * 9 + ((ly >> 2) + 1) * 3 + ((lz >> 2) + 1)
-    slot = tl.load(nslots_ptr + brick * 27 + n, mask=m, other=-1)
-    has = m & (slot >= 0)
-    page, start = page_of(starts_ptr, n_pages, slot, has, NP)
-    local = (slot - start) * 64 + (((lx & 3) << 4) | ((ly & 3) << 2) | (lz & 3))
-    return has, page, local
+    ``brick``, through its row of the 27-neighbour page tables (page -1: absent)."""
+    n = brick * 27 + ((lx >> 2) + 1) * 9 + ((ly >> 2) + 1) * 3 + ((lz >> 2) + 1)
+    page = tl.load(npage_ptr + n, mask=m, other=-1)
+    has = m & (page >= 0)
+    base = tl.load(nbase_ptr + n, mask=has, other=0)
+    return has, page, base + (((lx & 3) << 4) | ((ly & 3) << 2) | (lz & 3))
 
 
 @triton.jit
-def _tsdf_obs(nslots_ptr, brick, lx, ly, lz, starts_ptr, n_pages, tsdf_pt, w_pt, m, NP: tl.constexpr):
+def _tsdf_obs(npage_ptr, brick, lx, ly, lz, nbase_ptr, tsdf_pt, w_pt, m):
     """(tsdf as float32, observed) of a local voxel."""
-    has, page, local = _voxel(nslots_ptr, brick, lx, ly, lz, starts_ptr, n_pages, m, NP)
+    has, page, local = _voxel(npage_ptr, brick, lx, ly, lz, nbase_ptr, m)
     t = tl.load(page_base(tsdf_pt, page, has, tl.float16) + local, mask=has, other=0.0).to(tl.float32)
     w = tl.load(page_base(w_pt, page, has, tl.float16) + local, mask=has, other=0.0).to(tl.float32)
     return t, has & (w > 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_bricks"])
 def _mc_count_kernel(
-    nslots_ptr, starts_ptr, n_pages, tsdf_pt, w_pt, count_tab_ptr, case_ptr, cnt_ptr, n_bricks,
-    NP: tl.constexpr, BB: tl.constexpr,
+    npage_ptr, nbase_ptr, tsdf_pt, w_pt, count_tab_ptr, case_ptr, cnt_ptr, n_bricks,
+    BB: tl.constexpr,
 ):  # fmt: skip
     """Case (0 unless the cell is meshed) and triangle count of the 64 cells of ``BB`` bricks per program."""
     i = tl.program_id(0).to(tl.int64) * (BB * 64) + tl.arange(0, BB * 64)
@@ -109,8 +128,8 @@ def _mc_count_kernel(
     allobs = m
     for c in tl.static_range(8):
         t, o = _tsdf_obs(
-            nslots_ptr, brick, cx + (c & 1), cy + ((c >> 1) & 1), cz + ((c >> 2) & 1),
-            starts_ptr, n_pages, tsdf_pt, w_pt, m, NP,
+            npage_ptr, brick, cx + (c & 1), cy + ((c >> 1) & 1), cz + ((c >> 2) & 1),
+            nbase_ptr, tsdf_pt, w_pt, m,
         )  # fmt: skip
         case = case | ((t <= 0).to(tl.int32) << c)
         allobs = allobs & o
@@ -120,7 +139,7 @@ def _mc_count_kernel(
     tl.store(cnt_ptr + i, cnt, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_bricks"])
 def _mc_write_kernel(
     bricks_ptr, case_ptr, cnt_ptr, off_ptr, tri_tab_ptr, keys_ptr, owner_ptr, n_bricks,
     T: tl.constexpr, IJB: tl.constexpr, KB: tl.constexpr, IJBIAS: tl.constexpr, KBIAS: tl.constexpr,
@@ -155,20 +174,20 @@ def _mc_write_kernel(
 
 
 @triton.jit
-def _grad_axis(nslots_ptr, b, px, py, pz, tc, dx: tl.constexpr, dy: tl.constexpr, dz: tl.constexpr,
-               starts_ptr, n_pages, tsdf_pt, w_pt, m, NP: tl.constexpr):  # fmt: skip
+def _grad_axis(npage_ptr, b, px, py, pz, tc, dx: tl.constexpr, dy: tl.constexpr, dz: tl.constexpr,
+               nbase_ptr, tsdf_pt, w_pt, m):  # fmt: skip
     """One gradient component at a local voxel: central difference, or one-sided where a neighbour is
     unobserved (0 when both are)."""
-    tp, op = _tsdf_obs(nslots_ptr, b, px + dx, py + dy, pz + dz, starts_ptr, n_pages, tsdf_pt, w_pt, m, NP)
-    tm, om = _tsdf_obs(nslots_ptr, b, px - dx, py - dy, pz - dz, starts_ptr, n_pages, tsdf_pt, w_pt, m, NP)
+    tp, op = _tsdf_obs(npage_ptr, b, px + dx, py + dy, pz + dz, nbase_ptr, tsdf_pt, w_pt, m)
+    tm, om = _tsdf_obs(npage_ptr, b, px - dx, py - dy, pz - dz, nbase_ptr, tsdf_pt, w_pt, m)
     central = (tp - tm) * 0.5
     return tl.where(op & om, central, tl.where(op, tp - tc, tl.where(om, tc - tm, 0.0)))
 
 
 @triton.jit
-def _color_at(nslots_ptr, b, px, py, pz, starts_ptr, n_pages, col_pt, cw_pt, m, NP: tl.constexpr):
+def _color_at(npage_ptr, b, px, py, pz, nbase_ptr, col_pt, cw_pt, m):
     """(r, g, b as float32, colour weight > 0) of a local voxel."""
-    has, page, local = _voxel(nslots_ptr, b, px, py, pz, starts_ptr, n_pages, m, NP)
+    has, page, local = _voxel(npage_ptr, b, px, py, pz, nbase_ptr, m)
     base = page_base(col_pt, page, has, tl.uint8) + local * 3
     r = tl.load(base + 0, mask=has, other=0).to(tl.float32)
     g = tl.load(base + 1, mask=has, other=0).to(tl.float32)
@@ -187,11 +206,11 @@ def _round_u8(x):
     return tl.minimum(tl.maximum(r, 0.0), 255.0).to(tl.uint8)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_vert"])
 def _mc_vertex_kernel(
-    keys_ptr, vb_ptr, bricks_ptr, nslots_ptr, starts_ptr, n_pages, tsdf_pt, w_pt, col_pt, cw_pt, prm_ptr,
+    keys_ptr, vb_ptr, bricks_ptr, npage_ptr, nbase_ptr, tsdf_pt, w_pt, col_pt, cw_pt, prm_ptr,
     pos_ptr, nrm_ptr, colo_ptr, n_vert,
-    HAS_COLOR: tl.constexpr, NP: tl.constexpr, IJB: tl.constexpr, KB: tl.constexpr,
+    HAS_COLOR: tl.constexpr, IJB: tl.constexpr, KB: tl.constexpr,
     IJBIAS: tl.constexpr, KBIAS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Position, normal (and colour) of each welded vertex; ``vb``: a brick (index into the list) whose
@@ -212,8 +231,8 @@ def _mc_vertex_kernel(
     ey = (ax == 1).to(tl.int64)
     ez = (ax == 2).to(tl.int64)
     qx, qy, qz = px + ex, py + ey, pz + ez
-    t0, _o0 = _tsdf_obs(nslots_ptr, b, px, py, pz, starts_ptr, n_pages, tsdf_pt, w_pt, m, NP)
-    t1, _o1 = _tsdf_obs(nslots_ptr, b, qx, qy, qz, starts_ptr, n_pages, tsdf_pt, w_pt, m, NP)
+    t0, _o0 = _tsdf_obs(npage_ptr, b, px, py, pz, nbase_ptr, tsdf_pt, w_pt, m)
+    t1, _o1 = _tsdf_obs(npage_ptr, b, qx, qy, qz, nbase_ptr, tsdf_pt, w_pt, m)
     den = tl.where(m, t0 - t1, 1.0)
     t = t0 / den
     s = tl.load(prm_ptr)
@@ -224,12 +243,12 @@ def _mc_vertex_kernel(
     tl.store(pos_ptr + i * 3 + 0, x.to(tl.float32), mask=m)
     tl.store(pos_ptr + i * 3 + 1, y.to(tl.float32), mask=m)
     tl.store(pos_ptr + i * 3 + 2, z.to(tl.float32), mask=m)
-    a0 = _grad_axis(nslots_ptr, b, px, py, pz, t0, 1, 0, 0, starts_ptr, n_pages, tsdf_pt, w_pt, m, NP)
-    a1 = _grad_axis(nslots_ptr, b, px, py, pz, t0, 0, 1, 0, starts_ptr, n_pages, tsdf_pt, w_pt, m, NP)
-    a2 = _grad_axis(nslots_ptr, b, px, py, pz, t0, 0, 0, 1, starts_ptr, n_pages, tsdf_pt, w_pt, m, NP)
-    c0 = _grad_axis(nslots_ptr, b, qx, qy, qz, t1, 1, 0, 0, starts_ptr, n_pages, tsdf_pt, w_pt, m, NP)
-    c1 = _grad_axis(nslots_ptr, b, qx, qy, qz, t1, 0, 1, 0, starts_ptr, n_pages, tsdf_pt, w_pt, m, NP)
-    c2 = _grad_axis(nslots_ptr, b, qx, qy, qz, t1, 0, 0, 1, starts_ptr, n_pages, tsdf_pt, w_pt, m, NP)
+    a0 = _grad_axis(npage_ptr, b, px, py, pz, t0, 1, 0, 0, nbase_ptr, tsdf_pt, w_pt, m)
+    a1 = _grad_axis(npage_ptr, b, px, py, pz, t0, 0, 1, 0, nbase_ptr, tsdf_pt, w_pt, m)
+    a2 = _grad_axis(npage_ptr, b, px, py, pz, t0, 0, 0, 1, nbase_ptr, tsdf_pt, w_pt, m)
+    c0 = _grad_axis(npage_ptr, b, qx, qy, qz, t1, 1, 0, 0, nbase_ptr, tsdf_pt, w_pt, m)
+    c1 = _grad_axis(npage_ptr, b, qx, qy, qz, t1, 0, 1, 0, nbase_ptr, tsdf_pt, w_pt, m)
+    c2 = _grad_axis(npage_ptr, b, qx, qy, qz, t1, 0, 0, 1, nbase_ptr, tsdf_pt, w_pt, m)
     g0 = a0 + t * (c0 - a0)
     g1 = a1 + t * (c1 - a1)
     g2 = a2 + t * (c2 - a2)
@@ -241,8 +260,8 @@ def _mc_vertex_kernel(
     tl.store(nrm_ptr + i * 3 + 1, tl.where(ok, tl.div_rn(g1, inv), ey.to(tl.float32) * sign), mask=m)
     tl.store(nrm_ptr + i * 3 + 2, tl.where(ok, tl.div_rn(g2, inv), ez.to(tl.float32) * sign), mask=m)
     if HAS_COLOR:
-        r0, gg0, b0, k0 = _color_at(nslots_ptr, b, px, py, pz, starts_ptr, n_pages, col_pt, cw_pt, m, NP)
-        r1, gg1, b1, k1 = _color_at(nslots_ptr, b, qx, qy, qz, starts_ptr, n_pages, col_pt, cw_pt, m, NP)
+        r0, gg0, b0, k0 = _color_at(npage_ptr, b, px, py, pz, nbase_ptr, col_pt, cw_pt, m)
+        r1, gg1, b1, k1 = _color_at(npage_ptr, b, qx, qy, qz, nbase_ptr, col_pt, cw_pt, m)
         w0 = k0.to(tl.float32) * (1.0 - t)
         w1 = k1.to(tl.float32) * t
         ws = w0 + w1
@@ -299,14 +318,21 @@ def marching_cubes_triton(
     nslots = nbr_slots.to(torch.int64).contiguous()
     starts = pool.page_start_table()
     n_pages = starts.numel() - 1
-    NP = n_iter(n_pages)
+    if n_iter(n_pages) > PAGE_STEPS:
+        raise ValueError(f"marching cubes: {n_pages} pool pages, the page search covers < 2^16")
+    npage = torch.empty((m, 27), dtype=torch.int64, device=dev)
+    nbase = torch.empty((m, 27), dtype=torch.int64, device=dev)
+    pblock = 256 if dev.type == "cuda" else 4096
+    _mc_pages_kernel[(triton.cdiv(m * 27, pblock),)](
+        nslots, starts, n_pages, npage, nbase, m * 27, NP=PAGE_STEPS, BLOCK=pblock
+    )
     tsdf_pt, w_pt = pool.page_table("tsdf"), pool.page_table("weight")
     case = torch.empty(m * 64, dtype=torch.int32, device=dev)
     cnt = torch.empty(m * 64, dtype=torch.int32, device=dev)
     # on the GPU a few bricks per program; in the interpreter (CPU tensors) big blocks: fewer programs
     BB = 4 if dev.type == "cuda" else 32
     grid = (triton.cdiv(m, BB),)
-    _mc_count_kernel[grid](nslots, starts, n_pages, tsdf_pt, w_pt, cnt_tab, case, cnt, m, NP=NP, BB=BB)
+    _mc_count_kernel[grid](npage, nbase, tsdf_pt, w_pt, cnt_tab, case, cnt, m, BB=BB)
     csum = torch.cumsum(cnt, 0)
     n_tri = int(csum[-1])  # the one size read back before the weld
     face_counts = cnt.view(m, 64).sum(1, dtype=torch.int64)
@@ -333,7 +359,7 @@ def marching_cubes_triton(
     prm = _param(float(voxel_size_m), dev)
     block = 128 if dev.type == "cuda" else 1024
     _mc_vertex_kernel[(triton.cdiv(nv, block),)](
-        ukeys, vb, bricks, nslots, starts, n_pages, tsdf_pt, w_pt, col_pt, cw_pt, prm, pos, nrm, col, nv,
-        HAS_COLOR=with_color, NP=NP, IJB=IJ_BITS, KB=K_BITS, IJBIAS=IJ_BIAS, KBIAS=K_BIAS, BLOCK=block,
+        ukeys, vb, bricks, npage, nbase, tsdf_pt, w_pt, col_pt, cw_pt, prm, pos, nrm, col, nv,
+        HAS_COLOR=with_color, IJB=IJ_BITS, KB=K_BITS, IJBIAS=IJ_BIAS, KBIAS=K_BIAS, BLOCK=block,
     )  # fmt: skip
     return face_counts, ukeys, pos, nrm, (col if with_color else None), inv.reshape(-1, 3)
