@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from .errors import Conflict, InvalidArgument, InvalidArgumentType
-from .kernels.marching import marching_cubes
+from .kernels.marching import IJ_BIAS, IJ_BITS, K_BIAS, K_BITS, marching_cubes
 from .kernels.marching import neighbour_slots as nbr_slots_op
 from .layers import BrickLayer
 
@@ -205,8 +205,8 @@ def case_table() -> tuple[np.ndarray, np.ndarray]:
 
 _BLOCK_BITS = 21
 _BLOCK_BIAS = 1 << 20
-_IJ_BITS, _K_BITS = 21, 20
-_IJ_BIAS, _K_BIAS = 1 << 20, 1 << 19
+_IJ_BITS, _K_BITS = IJ_BITS, K_BITS  # the edge key layout lives in mapper.kernels.marching
+_IJ_BIAS, _K_BIAS = IJ_BIAS, K_BIAS
 VOXEL_RANGE_IJ = (-(1 << 20), 1 << 20)  # lattice points edge keys can hold, per axis: [lo, hi)
 VOXEL_RANGE_K = (-(1 << 19), 1 << 19)
 
