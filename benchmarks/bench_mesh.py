@@ -34,7 +34,7 @@ from bench_outputs import shell_map  # noqa: E402
 
 from mapper import Map, sim  # noqa: E402
 from mapper.kernels.dispatch import use_triton  # noqa: E402
-from mapper.kernels.marching import marching_cubes  # noqa: E402
+from mapper.kernels.marching import changed_neighbourhood_keys, marching_cubes  # noqa: E402
 from mapper.mesh import _tables, neighbour_slots  # noqa: E402
 
 
@@ -148,14 +148,15 @@ def profile_stages(m, version, dev, args, lines):
     reps = max(args.reps, 10)
     changed, removed = layer.changed_since(version)
     req = mm.affected_blocks(torch.cat((changed, removed)))
+    flags = (layer.slots >= 0) & (layer.brick_versions > version)
+
+    def affected():  # what mesh_since does: 27-neighbourhood keys of the changed bricks, sorted, unique
+        return mm.decode_block_keys(torch.unique(changed_neighbourhood_keys(flags, layer.grid.leaves.keys)))
+
     nbr = mm.neighbour_slots(layer, req)
     table, count = mm._tables(dev)
     stages = [
-        ("changed_since", lambda: layer.changed_since(version)),
-        (
-            "affected_blocks (27-neighbourhood, sort)",
-            lambda: mm.affected_blocks(torch.cat((changed, removed))),
-        ),
+        ("affected blocks (changed bricks' 27-neighbourhoods, sorted)", affected),
         ("neighbour_slots (27 lookups per brick)", lambda: mm.neighbour_slots(layer, req)),
         (
             "marching_cubes op",

@@ -42,7 +42,16 @@ import numpy as np
 import torch
 
 from .errors import Conflict, InvalidArgument, InvalidArgumentType
-from .kernels.marching import IJ_BIAS, IJ_BITS, K_BIAS, K_BITS, marching_cubes
+from .kernels.marching import (
+    BLOCK_BIAS,
+    BLOCK_BITS,
+    IJ_BIAS,
+    IJ_BITS,
+    K_BIAS,
+    K_BITS,
+    changed_neighbourhood_keys,
+    marching_cubes,
+)
 from .kernels.marching import neighbour_slots as nbr_slots_op
 from .layers import BrickLayer
 
@@ -203,8 +212,7 @@ def case_table() -> tuple[np.ndarray, np.ndarray]:
 # ----------------------------------------------------------------------------------------------------
 # keys
 
-_BLOCK_BITS = 21
-_BLOCK_BIAS = 1 << 20
+_BLOCK_BITS, _BLOCK_BIAS = BLOCK_BITS, BLOCK_BIAS
 _IJ_BITS, _K_BITS = IJ_BITS, K_BITS  # the edge key layout lives in mapper.kernels.marching
 _IJ_BIAS, _K_BIAS = IJ_BIAS, K_BIAS
 VOXEL_RANGE_IJ = (-(1 << 20), 1 << 20)  # lattice points edge keys can hold, per axis: [lo, hi)
@@ -539,13 +547,20 @@ def mesh_since(layer: BrickLayer, voxel_size_m: float, since_version: int) -> Me
     since = int(since_version)
     if since < 0 or since > layer.version:
         raise InvalidArgument(f"since_version: expected a version in [0, {layer.version}], got {since}")
-    ch = layer.changed_since(since)
-    if ch is None:
+    removed = layer.removed_since(since)
+    if removed is None:
         return extract_mesh(layer, voxel_size_m)
-    changed, removed = ch
     s = _check_voxel_size(voxel_size_m)
     with_color = "color" in layer.pool.fields and "color_weight" in layer.pool.fields
-    mesh = _mesh_blocks(layer, s, affected_blocks(torch.cat((changed, removed))), with_color, partial=True)
+    # keys of the changed bricks' 27-neighbourhoods (one kernel), and of the removed bricks'
+    changed = (layer.slots >= 0) & (layer.brick_versions > since)
+    keys = changed_neighbourhood_keys(changed, layer.grid.leaves.keys)
+    if removed.shape[0]:
+        keys = torch.cat(
+            (keys, block_keys((removed[:, None, :] + _offsets27(removed.device)[None]).reshape(-1, 3)))
+        )
+    req = decode_block_keys(torch.unique(keys)) if keys.numel() else removed.reshape(0, 3)
+    mesh = _mesh_blocks(layer, s, req, with_color, partial=True)
     mesh.since_version = since
     return mesh
 

@@ -149,6 +149,17 @@ def test_mesh_kernels_match_torch_reference(device, backend):
     ns = neighbour_slots_triton(q, g.leaves, g.tiles, layer.slots)
     assert torch.equal(ns, neighbour_slots_torch(q, g.leaves, g.tiles, layer.slots))
     assert bool((ns[-3:] == -1).all()) and int((ns >= 0).sum()) > 300
+    # the changed-neighbourhood kernel against its reference (every third brick changed)
+    from mapper.kernels.marching import changed_neighbourhood_keys_torch
+    from mapper.kernels.triton_mesh import changed_neighbourhood_keys_triton
+
+    changed = layer.slots >= 0
+    changed[::3] = False
+    k1 = changed_neighbourhood_keys_triton(changed, g.leaves.keys)
+    assert k1.numel() == 27 * int(changed.sum()) > 0
+    assert torch.equal(k1, changed_neighbourhood_keys_torch(changed, g.leaves.keys))
+    none = torch.zeros_like(changed)
+    assert changed_neighbourhood_keys_triton(none, g.leaves.keys).numel() == 0
     # no colour fields: no colours
     a = marching_cubes_triton(sub, nbr, layer.pool, table, count, s, False)
     assert a[4] is None and torch.equal(a[1], b[1])

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .dispatch import use_triton
+from .keys import decode_leaf_keys
 from .lookup import ijk_to_leaf_torch
 
 CORE = 5  # cells of a brick read the local voxels [0, 5)^3 (+ one layer around them for the gradients)
@@ -37,6 +38,8 @@ CHUNK_BRICKS = 2048
 # edge key layout (see mapper.mesh.edge_keys)
 IJ_BITS, K_BITS = 21, 20
 IJ_BIAS, K_BIAS = 1 << 20, 1 << 19
+# block key layout (see mapper.mesh.block_keys): brick i, j, k + 2^20 in 21 bits each, i major
+BLOCK_BITS, BLOCK_BIAS = 21, 1 << 20
 
 
 def nbr_index(d: np.ndarray) -> np.ndarray:
@@ -279,6 +282,27 @@ def neighbour_slots_torch(bricks: torch.Tensor, leaves, tiles, slot_table: torch
     b = (((v[:, 0] >> 2) & 1) << 2) | (((v[:, 1] >> 2) & 1) << 1) | ((v[:, 2] >> 2) & 1)
     slot = torch.where(leaf >= 0, slot_table[leaf.clamp(min=0), b].to(torch.int64), torch.full_like(leaf, -1))
     return slot.reshape(m, 27)
+
+
+def changed_neighbourhood_keys_torch(changed: torch.Tensor, leaf_keys: torch.Tensor) -> torch.Tensor:
+    """int64 ``[27 * C]``: block keys of the 27 bricks ``b + d`` around each changed brick ``b``.
+
+    ``changed``: bool ``[L, 8]`` (leaf, brick in leaf) of a brick layer; ``leaf_keys``: its grid's int64
+    ``[L]`` leaf keys. Changed bricks in (leaf, brick) order, the 27 offsets in neighbour-table order."""
+    leaf, b = changed.nonzero(as_tuple=True)
+    lc = decode_leaf_keys(leaf_keys[leaf])
+    bc = lc * 2 + torch.stack(((b >> 2) & 1, (b >> 1) & 1, b & 1), dim=1)
+    v = (bc[:, None, :] + _offsets_t(bc.device)[None]).reshape(-1, 3) + BLOCK_BIAS
+    return (v[:, 0] << (2 * BLOCK_BITS)) | (v[:, 1] << BLOCK_BITS) | v[:, 2]
+
+
+def changed_neighbourhood_keys(changed: torch.Tensor, leaf_keys: torch.Tensor) -> torch.Tensor:
+    """See :func:`changed_neighbourhood_keys_torch`: the Triton kernel where ``use_triton``."""
+    if changed.shape[0] and use_triton(changed.device):
+        from .triton_mesh import changed_neighbourhood_keys_triton
+
+        return changed_neighbourhood_keys_triton(changed, leaf_keys)
+    return changed_neighbourhood_keys_torch(changed, leaf_keys)
 
 
 def neighbour_slots(bricks: torch.Tensor, leaves, tiles, slot_table: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .keys import TILE_AXIS_BITS, TILE_BIAS, VOXEL_LIMIT
-from .marching import IJ_BIAS, IJ_BITS, K_BIAS, K_BITS, empty_result
+from .keys import LEAF_POS_BITS, TILE_AXIS_BITS, TILE_BIAS, VOXEL_LIMIT
+from .marching import BLOCK_BIAS, BLOCK_BITS, IJ_BIAS, IJ_BITS, K_BIAS, K_BITS, empty_result
 from .triton_ops import _leaf_in_tile
 from .triton_paged import n_iter, page_base, page_of
 from .triton_query import _find_tile_loop
@@ -47,6 +47,50 @@ def _mc_pages_kernel(
     page, start = page_of(starts_ptr, n_pages, slot, has, NP)
     tl.store(page_ptr + i, tl.where(has, page, -1), mask=m)
     tl.store(base_ptr + i, tl.where(has, (slot - start) * 64, 0), mask=m)
+
+
+@triton.jit(do_not_specialize=["n"])
+def _mc_changed_kernel(
+    flag_ptr, pos_ptr, lkeys_ptr, out_ptr, n,
+    AXB: tl.constexpr, TBIAS: tl.constexpr, LPB: tl.constexpr, BB: tl.constexpr, BBIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """For every changed (leaf, brick) entry: the block keys of its 27 neighbours at 27 * (its rank)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    ch = m & (tl.load(flag_ptr + i, mask=m, other=0) != 0)
+    pos = tl.load(pos_ptr + i, mask=ch, other=1) - 1
+    leaf = i // 8
+    b = i % 8
+    key = tl.load(lkeys_ptr + leaf, mask=ch, other=0)
+    tile = key >> LPB
+    am = (1 << AXB) - 1
+    bx = ((((tile >> (2 * AXB)) & am) - TBIAS) * 4 + ((key >> 4) & 3)) * 2 + ((b >> 2) & 1) + BBIAS
+    by = ((((tile >> AXB) & am) - TBIAS) * 4 + ((key >> 2) & 3)) * 2 + ((b >> 1) & 1) + BBIAS
+    bz = (((tile & am) - TBIAS) * 4 + (key & 3)) * 2 + (b & 1) + BBIAS
+    for d in tl.static_range(27):
+        kx = bx + (d // 9 - 1)
+        ky = by + ((d // 3) % 3 - 1)
+        kz = bz + (d % 3 - 1)
+        tl.store(out_ptr + pos * 27 + d, (kx << (2 * BB)) | (ky << BB) | kz, mask=ch)
+
+
+def changed_neighbourhood_keys_triton(changed: torch.Tensor, leaf_keys: torch.Tensor) -> torch.Tensor:
+    """Triton version of :func:`mapper.kernels.marching.changed_neighbourhood_keys_torch` (one read-back:
+    the number of changed bricks)."""
+    flag = changed.reshape(-1).to(torch.int32)
+    n = flag.numel()
+    pos = torch.cumsum(flag, 0)
+    c = int(pos[-1]) if n else 0
+    out = torch.empty(c * 27, dtype=torch.int64, device=changed.device)
+    if c == 0:
+        return out
+    block = 256 if changed.device.type == "cuda" else 4096
+    _mc_changed_kernel[(triton.cdiv(n, block),)](
+        flag, pos, leaf_keys.contiguous(), out, n, AXB=TILE_AXIS_BITS, TBIAS=TILE_BIAS, LPB=LEAF_POS_BITS,
+        BB=BLOCK_BITS, BBIAS=BLOCK_BIAS, BLOCK=block,
+    )  # fmt: skip
+    return out
 
 
 @triton.jit(do_not_specialize=["n", "n_tiles"])
