@@ -413,22 +413,27 @@ class BrickLayer:
             self._topology_shared = False
         self.brick_versions[leaf[ok], brick_in_leaf(brick_ijk[ok] << 2)] = self.version
 
-    def changed_since(self, version: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Bricks written after ``version`` (int64 ``[C, 3]``) and bricks removed after it (``[R, 3]``), or
-        None when the removal log no longer reaches back that far (the caller must start over)."""
+    def removed_since(self, version: int) -> torch.Tensor | None:
+        """Bricks removed after ``version`` (int64 ``[R, 3]``), or None when the removal log no longer
+        reaches back that far (the caller must start over)."""
         if (
             self.removed_log
             and version < self.removed_log[0][0] - 1
             and len(self.removed_log) >= self.removed_log_limit
         ):
             return None
-        bricks, _ = self.brick_table()
-        leaf, b = (self.slots >= 0).nonzero(as_tuple=True)
-        changed = bricks[self.brick_versions[leaf, b] > version]
         removed = [r for v, r in self.removed_log if v > version]
-        removed = (
-            torch.cat(removed) if removed else torch.zeros((0, 3), dtype=torch.int64, device=self.device)
-        )
+        return torch.cat(removed) if removed else torch.zeros((0, 3), dtype=torch.int64, device=self.device)
+
+    def changed_since(self, version: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Bricks written after ``version`` (int64 ``[C, 3]``) and bricks removed after it (``[R, 3]``), or
+        None when the removal log no longer reaches back that far (the caller must start over)."""
+        removed = self.removed_since(version)
+        if removed is None:
+            return None
+        leaf, b = ((self.slots >= 0) & (self.brick_versions > version)).nonzero(as_tuple=True)
+        lc = self.grid.leaf_ijk.to(torch.int64)[leaf]
+        changed = lc * 2 + torch.stack(((b >> 2) & 1, (b >> 1) & 1, b & 1), dim=1)
         return changed, removed
 
     # -- lookup ---------------------------------------------------------------------------------------

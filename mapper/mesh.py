@@ -42,7 +42,18 @@ import numpy as np
 import torch
 
 from .errors import Conflict, InvalidArgument, InvalidArgumentType
-from .layers import BrickLayer, brick_offsets
+from .kernels.marching import (
+    BLOCK_BIAS,
+    BLOCK_BITS,
+    IJ_BIAS,
+    IJ_BITS,
+    K_BIAS,
+    K_BITS,
+    changed_neighbourhood_keys,
+    marching_cubes,
+)
+from .kernels.marching import neighbour_slots as nbr_slots_op
+from .layers import BrickLayer
 
 # ----------------------------------------------------------------------------------------------------
 # cube geometry: corner c sits at offset (c & 1, (c >> 1) & 1, (c >> 2) & 1) from the cell's min corner;
@@ -201,10 +212,9 @@ def case_table() -> tuple[np.ndarray, np.ndarray]:
 # ----------------------------------------------------------------------------------------------------
 # keys
 
-_BLOCK_BITS = 21
-_BLOCK_BIAS = 1 << 20
-_IJ_BITS, _K_BITS = 21, 20
-_IJ_BIAS, _K_BIAS = 1 << 20, 1 << 19
+_BLOCK_BITS, _BLOCK_BIAS = BLOCK_BITS, BLOCK_BIAS
+_IJ_BITS, _K_BITS = IJ_BITS, K_BITS  # the edge key layout lives in mapper.kernels.marching
+_IJ_BIAS, _K_BIAS = IJ_BIAS, K_BIAS
 VOXEL_RANGE_IJ = (-(1 << 20), 1 << 20)  # lattice points edge keys can hold, per axis: [lo, hi)
 VOXEL_RANGE_K = (-(1 << 19), 1 << 19)
 
@@ -361,82 +371,22 @@ def empty_mesh(device: torch.device, with_color: bool, version: int = 0, voxel_s
 
 
 # ----------------------------------------------------------------------------------------------------
-# constant tensors of the extraction
-
-# Each brick reads the voxels of its cells' corners (local coordinates [0, 5)^3, 125 points, C order) and
-# their 6-neighbours (one coordinate at -1 or 5: 6 x 25 points), from the bricks at offsets {-1, 0, 1}^3.
-_CORE = 5
-
-
-def _local_points() -> tuple[np.ndarray, np.ndarray]:
-    pts = [(a, b, c) for a in range(_CORE) for b in range(_CORE) for c in range(_CORE)]
-    for axis in range(3):
-        for v in (-1, _CORE):
-            u, w = _other_axes(axis)
-            for a in range(_CORE):
-                for b in range(_CORE):
-                    p = [0, 0, 0]
-                    p[axis], p[u], p[w] = v, a, b
-                    pts.append(tuple(p))
-    pts = np.array(pts, np.int64)
-    lut = np.full((_CORE + 2,) * 3, -1, np.int64)
-    lut[pts[:, 0] + 1, pts[:, 1] + 1, pts[:, 2] + 1] = np.arange(pts.shape[0])
-    return pts, lut
-
-
-@dataclass(frozen=True)
-class _Consts:
-    tri_table: torch.Tensor  # int64 [256, T, 3]
-    tri_count: torch.Tensor  # int64 [256]
-    edge_axis: torch.Tensor  # int64 [12]
-    edge_min: torch.Tensor  # int64 [12, 3]
-    dirs: torch.Tensor  # int64 [D, 3] neighbour brick offsets
-    point_dir: torch.Tensor  # int64 [P] index into dirs of each local point
-    point_off: torch.Tensor  # int64 [P] in-brick offset of each local point
-    lut: torch.Tensor  # int64 [7 * 7 * 7] local point index of (x + 1, y + 1, z + 1), -1 if not read
-    corner_idx: torch.Tensor  # int64 [8, 64] core index of corner c of cell q
-    cell_xyz: torch.Tensor  # int64 [64, 3]
+# extraction (the per-brick work is ``mapper.kernels.marching``: a Triton kernel or its torch reference)
 
 
 @functools.cache
-def _consts(device: torch.device) -> _Consts:
+def _tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The case table on ``device`` (int64 ``[256, T, 3]``, int64 ``[256]``)."""
     table, count = case_table()
-    pts, lut = _local_points()
-    d = np.floor_divide(pts, 4)
-    dirs, point_dir = np.unique(d, axis=0, return_inverse=True)
-    t = torch.from_numpy
-    off = brick_offsets(t(pts) & 3)
-    cell = np.array([[q >> 4, (q >> 2) & 3, q & 3] for q in range(64)], np.int64)
-    corner_idx = np.stack(
-        [
-            ((cell + CORNER_OFFSETS[c]) * np.array([_CORE * _CORE, _CORE, 1])).sum(1)  # C order in 5^3
-            for c in range(8)
-        ]
-    )
-    return _Consts(
-        tri_table=t(table.astype(np.int64)).to(device),
-        tri_count=t(count).to(device),
-        edge_axis=t(EDGE_AXIS).to(device),
-        edge_min=t(EDGE_MIN_OFFSET).to(device),
-        dirs=t(dirs).to(device),
-        point_dir=t(point_dir.reshape(-1)).to(device),
-        point_off=off.to(device),
-        lut=t(lut.reshape(-1)).to(device),
-        corner_idx=t(corner_idx).to(device),
-        cell_xyz=t(cell).to(device),
-    )
+    return torch.from_numpy(table.astype(np.int64)).to(device), torch.from_numpy(count).to(device)
 
 
-def _lut_index(c: _Consts, xyz: torch.Tensor) -> torch.Tensor:
-    """Local point index of local coordinates int64 ``[N, 3]`` (each in [-1, 5])."""
-    n = _CORE + 2
-    return c.lut[((xyz[:, 0] + 1) * n + (xyz[:, 1] + 1)) * n + (xyz[:, 2] + 1)]
-
-
-# ----------------------------------------------------------------------------------------------------
-# extraction
-
-_CHUNK_BRICKS = 2048
+def neighbour_slots(layer: BrickLayer, bricks: torch.Tensor) -> torch.Tensor:
+    """int64 ``[M, 27]``: pool slot of each brick's 27 neighbours (``mapper.kernels.marching`` order), -1
+    where absent."""
+    g = layer.grid
+    tiles = g.tiles if g.num_leaves else None
+    return nbr_slots_op(bricks, g.leaves, tiles, layer.slots)
 
 
 def _check_layer(layer) -> None:
@@ -462,136 +412,62 @@ def _sorted_unique_blocks(blocks: torch.Tensor) -> torch.Tensor:
     return decode_block_keys(torch.unique(block_keys(blocks)))
 
 
-def _chunk_mesh(layer: BrickLayer, c: _Consts, bricks: torch.Tensor, s: float, with_color: bool):
-    """Mesh pieces of the cells of ``bricks`` (int64 ``[M, 3]``, sorted): chunk-unique vertices (keys,
-    positions, normals, colours), faces into them (int64 ``[F, 3]``) and faces per brick (int64 ``[M]``)."""
-    dev = bricks.device
-    m = bricks.shape[0]
-    nb = (bricks[:, None, :] + c.dirs[None]).reshape(-1, 3)
-    nb_slot = layer.voxel_slots(nb << 2)[0].reshape(m, -1)  # [M, D]
-    slot = nb_slot[:, c.point_dir]  # [M, P]
-    found = slot >= 0
-    flat = slot.clamp(min=0).reshape(-1)
-    offs = c.point_off.expand(m, -1).reshape(-1)
-    tsdf = layer.pool.gather("tsdf", flat, offs).reshape(m, -1).to(torch.float32)
-    obs = found & (layer.pool.gather("weight", flat, offs).reshape(m, -1) > 0)
-
-    # cases of the 64 cells of every brick
-    core_in = (tsdf[:, : _CORE**3] <= 0).to(torch.int64)
-    core_obs = obs[:, : _CORE**3]
-    case = torch.zeros((m, 64), dtype=torch.int64, device=dev)
-    all_obs = torch.ones((m, 64), dtype=torch.bool, device=dev)
-    for k in range(8):
-        case |= core_in[:, c.corner_idx[k]] << k
-        all_obs &= core_obs[:, c.corner_idx[k]]
-    active = all_obs & (case != 0) & (case != 255)
-    bi, q = active.nonzero(as_tuple=True)  # (brick, cell) order
-    cs = case[bi, q]
-    cnt = c.tri_count[cs]
-    n_tri = int(cnt.sum())
-    face_counts = torch.zeros(m, dtype=torch.int64, device=dev).index_add_(0, bi, cnt)
-    if n_tri == 0:
-        return None, face_counts
-    cell_of = torch.repeat_interleave(torch.arange(cs.numel(), device=dev), cnt)
-    first = torch.cumsum(cnt, 0) - cnt
-    t_in_cell = torch.arange(n_tri, device=dev) - first[cell_of]
-    edges = c.tri_table[cs[cell_of], t_in_cell].reshape(-1)  # [3T]
-    corner_cell = cell_of.repeat_interleave(3)
-    local_min = c.cell_xyz[q[corner_cell]] + c.edge_min[edges]  # [3T, 3] local min voxel of the edge
-    brick_of = bi[corner_cell]
-    axis = c.edge_axis[edges]
-    keys = edge_keys((bricks[brick_of] << 2) + local_min, axis)
-    ukeys, inv = torch.unique(keys, return_inverse=True)
-    rep = torch.empty(ukeys.numel(), dtype=torch.int64, device=dev)
-    rep.scatter_(0, inv, torch.arange(keys.numel(), device=dev))
-    vb, vmin, vax = brick_of[rep], local_min[rep], axis[rep]
-    eax = torch.nn.functional.one_hot(vax, 3)
-    p0 = _lut_index(c, vmin)
-    p1 = _lut_index(c, vmin + eax)
-    t0, t1 = tsdf[vb, p0], tsdf[vb, p1]
-    t = t0 / (t0 - t1)  # in [0, 1]: exactly one end is <= 0
-
-    gvox = ((bricks[vb] << 2) + vmin).to(torch.float64) + 0.5
-    pos = ((gvox + t.to(torch.float64)[:, None] * eax) * s).to(torch.float32)
-
-    def gradient(p_local, p_idx):
-        t_c = tsdf[vb, p_idx]
-        g = []
-        for a in range(3):
-            e = torch.zeros(3, dtype=torch.int64, device=dev)
-            e[a] = 1
-            ip, im = _lut_index(c, p_local + e), _lut_index(c, p_local - e)
-            op, om = obs[vb, ip], obs[vb, im]
-            tp, tm = tsdf[vb, ip], tsdf[vb, im]
-            central = (tp - tm) * 0.5
-            fwd, bwd = tp - t_c, t_c - tm
-            zero = torch.zeros_like(t_c)
-            g.append(torch.where(op & om, central, torch.where(op, fwd, torch.where(om, bwd, zero))))
-        return torch.stack(g, 1)
-
-    g0 = gradient(vmin, p0)
-    g1 = gradient(vmin + eax, p1)
-    g = g0 + t[:, None] * (g1 - g0)
-    norm = torch.sqrt(g[:, 0] * g[:, 0] + g[:, 1] * g[:, 1] + g[:, 2] * g[:, 2])
-    fallback = eax.to(torch.float32) * torch.where(t1 > t0, 1.0, -1.0)[:, None]
-    nrm = torch.where((norm > 0)[:, None], g / norm.clamp(min=1e-30)[:, None], fallback)
-
-    col = None
-    if with_color:
-        s0 = slot[vb, p0].clamp(min=0)
-        s1 = slot[vb, p1].clamp(min=0)
-        o0, o1 = c.point_off[p0], c.point_off[p1]
-        c0 = layer.pool.gather("color", s0, o0).to(torch.float32)
-        c1 = layer.pool.gather("color", s1, o1).to(torch.float32)
-        w0 = (layer.pool.gather("color_weight", s0, o0) > 0).to(torch.float32) * (1.0 - t)
-        w1 = (layer.pool.gather("color_weight", s1, o1) > 0).to(torch.float32) * t
-        wsum = w0 + w1
-        blend = (c0 * w0[:, None] + c1 * w1[:, None]) / wsum.clamp(min=1e-30)[:, None]
-        blend = torch.where((wsum > 0)[:, None], blend, torch.zeros_like(blend))
-        col = torch.round(blend).clamp(0, 255).to(torch.uint8)
-    return (ukeys, pos, nrm, col, inv.reshape(-1, 3)), face_counts
+@functools.cache
+def _range_t(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    limits = (VOXEL_RANGE_IJ, VOXEL_RANGE_IJ, VOXEL_RANGE_K)
+    return (
+        torch.tensor([mn for mn, _ in limits], device=device),
+        torch.tensor([mx for _, mx in limits], device=device),
+    )
 
 
-def _check_key_range(bricks: torch.Tensor) -> None:
-    """Edge keys hold voxel i, j in [-2^20, 2^20) and k in [-2^19, 2^19); cells reach 4 voxels up."""
+def _check_key_range(bricks: torch.Tensor, present: torch.Tensor) -> None:
+    """Edge keys hold voxel i, j in [-2^20, 2^20) and k in [-2^19, 2^19); cells reach 4 voxels up. Checks
+    the present bricks (one read-back)."""
     if bricks.shape[0] == 0:
         return
-    lo = (bricks.min(dim=0).values << 2).tolist()
-    hi = ((bricks.max(dim=0).values << 2) + 4).tolist()
     limits = (VOXEL_RANGE_IJ, VOXEL_RANGE_IJ, VOXEL_RANGE_K)
-    for axis, (a, b, (mn, mx)) in enumerate(zip(lo, hi, limits, strict=True)):
-        if a < mn or b >= mx:
+    lo, hi = _range_t(bricks.device)
+    v = bricks << 2
+    bad = (present[:, None] & ((v < lo) | (v + 4 >= hi))).any(0).tolist()
+    for axis, (mn, mx) in enumerate(limits):
+        if bad[axis]:
+            a = int(v[present, axis].min())
+            b = int(v[present, axis].max()) + 4
             raise InvalidArgument(
                 f"layer: meshing supports voxel coordinates in [{mn}, {mx - 4}) on axis {'ijk'[axis]} "
                 f"(edge key range); the layer reaches [{a}, {b - 1}]"
             )
 
 
-def _assemble(pieces, face_counts, bricks, dev, with_color, version, s) -> Mesh:
-    """Global weld of the chunks' vertices and the block bookkeeping."""
-    mesh = empty_mesh(dev, with_color, version, s)
+def _assemble(result, bricks, dev, with_color, version, s, partial: bool) -> Mesh:
+    """The mesh of a :func:`~mapper.kernels.marching.marching_cubes` result over ``bricks``, with its block
+    bookkeeping (one read-back: the number of blocks with faces)."""
+    face_counts, keys, pos, nrm, col, faces = result
     has = face_counts > 0
-    mesh.blocks = bricks[has]
-    mesh.block_face_offsets = torch.cat(
-        (torch.zeros(1, dtype=torch.int64, device=dev), torch.cumsum(face_counts[has], 0))
+    idx = has.nonzero().squeeze(1)
+    zero = torch.zeros(1, dtype=torch.int64, device=dev)
+    if partial:  # requested blocks without faces: the consumer drops what it had there
+        n_empty = bricks.shape[0] - idx.numel()
+        try:  # no read-back: the size is known
+            removed = bricks[torch.nonzero_static(~has, size=n_empty).squeeze(1)]
+        except (AttributeError, NotImplementedError, RuntimeError):  # pragma: no cover - older torch
+            removed = bricks[~has]
+    else:
+        removed = torch.zeros((0, 3), dtype=torch.int64, device=dev)
+    return Mesh(
+        vertices=pos,
+        faces=faces.to(torch.int32),
+        normals=nrm,
+        colors=col,
+        vertex_keys=keys,
+        blocks=bricks[idx],
+        block_face_offsets=torch.cat((zero, torch.cumsum(face_counts, 0)[idx])),
+        removed_blocks=removed,
+        version=version,
+        full=not partial,
+        voxel_size_m=s,
     )
-    if not pieces:
-        return mesh
-    keys = torch.cat([p[0] for p in pieces])
-    gkeys, ginv = torch.unique(keys, return_inverse=True)
-    rep = torch.empty(gkeys.numel(), dtype=torch.int64, device=dev)
-    rep.scatter_(0, ginv, torch.arange(keys.numel(), device=dev))
-    base, faces = 0, []
-    for p in pieces:
-        faces.append(ginv[base + p[4]])
-        base += p[0].numel()
-    mesh.vertex_keys = gkeys
-    mesh.vertices = torch.cat([p[1] for p in pieces])[rep]
-    mesh.normals = torch.cat([p[2] for p in pieces])[rep]
-    if with_color:
-        mesh.colors = torch.cat([p[3] for p in pieces])[rep]
-    mesh.faces = torch.cat(faces).to(torch.int32)
-    return mesh
 
 
 def extract_mesh(layer: BrickLayer, voxel_size_m: float, bricks=None) -> Mesh:
@@ -624,26 +500,18 @@ def extract_mesh(layer: BrickLayer, voxel_size_m: float, bricks=None) -> Mesh:
         lim = _BLOCK_BIAS >> 2
         if req.shape[0] and bool(((req < -lim) | (req >= lim)).any()):
             raise InvalidArgument(f"bricks: coordinates must lie in [-{lim}, {lim})")
-    # only allocated bricks can hold cells (a cell's min corner must be observed)
-    present = (
-        layer.voxel_slots(req << 2)[0] >= 0 if req.shape[0] else torch.zeros(0, dtype=torch.bool, device=dev)
-    )
-    todo = req[present]
-    _check_key_range(todo)
-    c = _consts(dev)
-    pieces, counts = [], []
-    for start in range(0, todo.shape[0], _CHUNK_BRICKS):
-        piece, fc = _chunk_mesh(layer, c, todo[start : start + _CHUNK_BRICKS], s, with_color)
-        if piece is not None:
-            pieces.append(piece)
-        counts.append(fc)
-    face_counts = torch.cat(counts) if counts else torch.zeros(0, dtype=torch.int64, device=dev)
-    mesh = _assemble(pieces, face_counts, todo, dev, with_color, layer.version, s)
-    if bricks is not None:
-        mesh.full = False
-        owned = torch.isin(block_keys(req), block_keys(mesh.blocks))
-        mesh.removed_blocks = req[~owned]
-    return mesh
+    return _mesh_blocks(layer, s, req, with_color, partial=bricks is not None)
+
+
+def _mesh_blocks(layer: BrickLayer, s: float, req: torch.Tensor, with_color: bool, partial: bool) -> Mesh:
+    """The mesh of the cells of ``req`` (int64 ``[M, 3]``, sorted by block key, unique; absent bricks have
+    no cells: their min corners are unobserved)."""
+    dev = layer.device
+    nbr = neighbour_slots(layer, req)
+    _check_key_range(req, nbr[:, 13] >= 0)
+    table, count = _tables(dev)
+    result = marching_cubes(req, nbr, layer.pool, table, count, s, with_color)
+    return _assemble(result, req, dev, with_color, layer.version, s, partial)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -655,9 +523,14 @@ def affected_blocks(bricks: torch.Tensor) -> torch.Tensor:
     by block key (int64 ``[M, 3]`` -> int64 ``[A, 3]``)."""
     if bricks.shape[0] == 0:
         return bricks.reshape(0, 3).to(torch.int64)
-    r = torch.arange(-1, 2, device=bricks.device)
-    d = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), -1).reshape(-1, 3)
+    d = _offsets27(bricks.device)
     return _sorted_unique_blocks((bricks[:, None, :].to(torch.int64) + d[None]).reshape(-1, 3))
+
+
+@functools.cache
+def _offsets27(device: torch.device) -> torch.Tensor:
+    r = torch.arange(-1, 2)
+    return torch.stack(torch.meshgrid(r, r, r, indexing="ij"), -1).reshape(-1, 3).to(device)
 
 
 def mesh_since(layer: BrickLayer, voxel_size_m: float, since_version: int) -> Mesh:
@@ -674,11 +547,20 @@ def mesh_since(layer: BrickLayer, voxel_size_m: float, since_version: int) -> Me
     since = int(since_version)
     if since < 0 or since > layer.version:
         raise InvalidArgument(f"since_version: expected a version in [0, {layer.version}], got {since}")
-    ch = layer.changed_since(since)
-    if ch is None:
+    removed = layer.removed_since(since)
+    if removed is None:
         return extract_mesh(layer, voxel_size_m)
-    changed, removed = ch
-    mesh = extract_mesh(layer, voxel_size_m, affected_blocks(torch.cat((changed, removed))))
+    s = _check_voxel_size(voxel_size_m)
+    with_color = "color" in layer.pool.fields and "color_weight" in layer.pool.fields
+    # keys of the changed bricks' 27-neighbourhoods (one kernel), and of the removed bricks'
+    changed = (layer.slots >= 0) & (layer.brick_versions > since)
+    keys = changed_neighbourhood_keys(changed, layer.grid.leaves.keys)
+    if removed.shape[0]:
+        keys = torch.cat(
+            (keys, block_keys((removed[:, None, :] + _offsets27(removed.device)[None]).reshape(-1, 3)))
+        )
+    req = decode_block_keys(torch.unique(keys)) if keys.numel() else removed.reshape(0, 3)
+    mesh = _mesh_blocks(layer, s, req, with_color, partial=True)
     mesh.since_version = since
     return mesh
 
