@@ -13,8 +13,10 @@ lazily: triton is optional).
   and the box's bitmap, in one pass.
 
 Float scalars reach kernels as fp32 when passed as Python floats, so voxel size, cell and tau travel in a
-float64 tensor. Both kernels are compiled with ``enable_fp_fusion=False``: no FMA contraction, the same
-rounding as the torch reference.
+float64 tensor. Integer arguments that change from frame to frame (counts, the bricks' box) are
+``do_not_specialize``: Triton would otherwise compile a variant per residue (``== 1``, ``% 16 == 0``) of
+each, mid-stream (seen as compile spikes after the warm-up, see NOTES). Both walk kernels are compiled
+with ``enable_fp_fusion=False``: no FMA contraction, the same rounding as the torch reference.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .segments import BAND, BRICK_HI, BRICK_LO, KEY_BIAS, KEY_BITS, MISS, WALK_STEPS
+from .segments import BAND, BRICK_HI, BRICK_LO, KEY_BIAS, KEY_BITS, MISS, WALK_STEPS, plane_offsets
 from .triton_dda import _axis_setup  # the same per-axis DDA set-up as the voxel traversal
 
 _INF = tl.constexpr(float("inf"))
@@ -181,9 +183,13 @@ def _walk_kernel(
     prm_ptr,  # float64 [2]: voxel size, tau
     out_a,  # MISS: uint8 flags; BAND: float32 sdf * w sums
     out_b,  # BAND: float32 w sums
+    nrm_ptr,  # PROJ: float64 [R, 3] normals (zero rows: along-ray)
+    q_ptr,  # PROJ: float64 [R] plane offsets
+    rw_ptr,  # PROJ: float32 [R] ray weights
     n,
     weight,
     MODE: tl.constexpr,
+    PROJ: tl.constexpr,
     STEPS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -243,6 +249,14 @@ def _walk_kernel(
     tmz = tl.where(dz != 0, a + ((vz + pz).to(tl.float64) * s - p0z) * iz, _INF)
     if MODE == 1:
         r = tl.load(rng_ptr + ray, mask=go, other=0.0)
+        wt = tl.full((BLOCK,), 1.0, tl.float32) * weight
+        if PROJ:
+            nx = tl.load(nrm_ptr + ray * 3 + 0, mask=go, other=0.0)
+            ny = tl.load(nrm_ptr + ray * 3 + 1, mask=go, other=0.0)
+            nz = tl.load(nrm_ptr + ray * 3 + 2, mask=go, other=0.0)
+            has_n = (nx != 0) | (ny != 0) | (nz != 0)
+            q = tl.load(q_ptr + ray, mask=go, other=0.0)
+            wt = tl.load(rw_ptr + ray, mask=go, other=0.0)
     for k in tl.static_range(STEPS):
         if k > 0:
             inside = (vx >= lox) & (vx <= lox + 3) & (vy >= loy) & (vy <= loy + 3)
@@ -256,9 +270,14 @@ def _walk_kernel(
             cy = (vy.to(tl.float64) + 0.5) * s - oy
             cz = (vz.to(tl.float64) + 0.5) * s - oz
             sdf = r - tl.sqrt(cx * cx + cy * cy + cz * cz)
-            keep = go & (sdf >= -tau)
+            if PROJ:
+                pr = (cx * nx + cy * ny + cz * nz) - q
+                skip = has_n & (sdf < 0) & (pr > 0)  # behind the return, in front of its plane
+                sdf = tl.where(has_n, pr, sdf)
+                keep = go & (sdf >= -tau) & (~skip)
+            else:
+                keep = go & (sdf >= -tau)
             val = tl.minimum(sdf, tau).to(tl.float32)
-            wt = tl.full((BLOCK,), 1.0, tl.float32) * weight
             tl.atomic_add(out_a + idx, val * wt, mask=keep, sem="relaxed")
             tl.atomic_add(out_b + idx, wt, mask=keep, sem="relaxed")
         if k < STEPS - 1:
@@ -275,7 +294,21 @@ def _walk_kernel(
 
 
 def walk_segments_triton(
-    mode, origins, dirs, t0, t1, rng, seg_ray, seg_rank, bricks, voxel_size, out, tau=0.0, weight=1.0
+    mode,
+    origins,
+    dirs,
+    t0,
+    t1,
+    rng,
+    seg_ray,
+    seg_rank,
+    bricks,
+    voxel_size,
+    out,
+    tau=0.0,
+    weight=1.0,
+    normals=None,
+    ray_weight=None,
 ) -> None:
     """Same contract as :func:`mapper.kernels.segments.walk_segments_torch`; one launch."""
     n = seg_ray.numel()
@@ -299,6 +332,14 @@ def walk_segments_triton(
         out_a, out_b = out
     for x in (out_a, out_b):
         assert x.is_contiguous()
+    proj = mode == BAND and normals is not None
+    if proj:
+        nrm = normals.to(torch.float64).contiguous()
+        q = plane_offsets(dirs, rng, normals).contiguous()
+        rw = ray_weight.to(torch.float32).contiguous()
+    else:
+        nrm = q = a
+        rw = out_b
     _walk_kernel[(triton.cdiv(n, _BLOCK_WALK),)](
         o,
         o.stride(0),
@@ -312,9 +353,13 @@ def walk_segments_triton(
         prm,
         out_a,
         out_b,
+        nrm,
+        q,
+        rw,
         n,
         float(weight),
         MODE=int(mode),
+        PROJ=proj,
         STEPS=WALK_STEPS,
         BLOCK=_BLOCK_WALK,
         enable_fp_fusion=False,
