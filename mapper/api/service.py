@@ -231,8 +231,17 @@ class MapEntry:
         self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
         return op.future
 
-    async def read(self, fn, *, exclusive: bool = False, esdf: bool = False):
-        """Run ``fn(map)`` on the query pool under the read lock (write lock if ``exclusive``)."""
+    async def read(self, fn, *, exclusive: bool = False, esdf: bool = False, cost: int | None = None):
+        """Run ``fn(map)`` on the query pool under the read lock (write lock if ``exclusive``), once its
+        working memory (``cost`` bytes, default ``budget.READ_WORKING_BYTES``, plus the ESDF update it
+        may run) fits the work budget (``mapper.api.memory.WorkBudget``)."""
+        need = budget.READ_WORKING_BYTES if cost is None else cost
+        if esdf and self.esdf_dirty:
+            need += budget.esdf_update_bytes(self.map)
+        async with self.service.work.hold(need):
+            return await self._read(fn, exclusive, esdf)
+
+    async def _read(self, fn, exclusive: bool, esdf: bool):
         if esdf and self.esdf_dirty and "esdf" in self.map.layers:
             await asyncio.get_running_loop().run_in_executor(
                 self.executor, _no_oom(self._update_esdf_locked, f"map {self.id!r}: ESDF update")
@@ -266,7 +275,8 @@ class MapEntry:
                 batch.append(nxt)
             self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
             try:
-                results = await loop.run_in_executor(self.executor, self._process, batch)
+                async with self.service.work.hold(self._batch_work_bytes()):
+                    results = await loop.run_in_executor(self.executor, self._process, batch)
             except BaseException as e:  # WAL failure: nothing of the batch was acknowledged
                 log.exception("map %s: batch failed", self.id)
                 results = [e] * len(batch)
@@ -281,6 +291,12 @@ class MapEntry:
                     o.future.set_result(res)
             self.in_flight -= len(batch)
         self.metrics.queue_depth.labels(self.id).set(0)
+
+    def _batch_work_bytes(self) -> int:
+        """Working memory of a writer batch: one frame's integration at a time (``READ_WORKING_BYTES``)
+        plus the eager ESDF update after it (estimated from the last one)."""
+        eager = "esdf" in self.map.layers and self.settings.esdf_update == "eager"
+        return budget.READ_WORKING_BYTES + (budget.esdf_update_bytes(self.map) if eager else 0)
 
     # ------------------------------------------------------------------------------- writer thread
     def _track(self, batch: list[Op]) -> None:
@@ -691,6 +707,11 @@ class MapService:
         metrics.memory_budget.set(self.memory_budget)
         self.maps: dict[str, MapEntry] = {}
         memory.limit_arenas(settings.malloc_arena_max)  # before the service's threads start
+        memory.set_mmap_threshold(settings.malloc_mmap_threshold)
+        self.work = memory.WorkBudget(
+            settings.work_memory_bytes or budget.device_memory_bytes(self.device) // 8
+        )
+        metrics.registry.register(memory.MemoryCollector(self.work))
         self.query_pool = ThreadPoolExecutor(settings.query_threads, thread_name_prefix="query")
         self.ready = asyncio.Event()
         self.stopping = False
