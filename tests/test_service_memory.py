@@ -8,6 +8,7 @@ import asyncio
 import ctypes
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -200,3 +201,46 @@ def test_work_budget_bounds_the_live_memory_of_concurrent_work():
         free = asyncio.run(run(None, pool))
     assert bounded <= 3 * size + (8 << 20), bounded / 2**20
     assert free >= 6 * size, free / 2**20
+
+
+def test_concurrent_reads_over_the_work_budget_wait_and_succeed(tmp_path):
+    """Black box: with a work budget that fits one read (64 MiB each) eight concurrent slices and queries
+    all answer 200 (they waited, none failed), and the bytes reserved at once never passed the budget."""
+    from test_api_limits import auth, metric, new_map
+    from test_service_helpers import client, frame_bytes
+
+    from mapper import wire
+
+    cap = 100 << 20
+    with client(tmp_path, api_tokens=["test-token-123"], work_memory_bytes=cap) as c:
+        mid = new_map(c)
+        for i in range(2):
+            r = c.post(
+                f"/v1/maps/{mid}/frames",
+                content=frame_bytes(i),
+                headers={**auth(), "content-type": wire.MSGPACK},
+            )
+            assert r.status_code == 200, r.text
+        pts = wire.packb({"points": np.random.default_rng(0).uniform(-5, 5, (20_000, 3)).astype(np.float32)})
+        barrier = threading.Barrier(8)
+
+        def one(k):
+            barrier.wait()
+            if k % 2:
+                return c.get(
+                    f"/v1/maps/{mid}/esdf/slice", params={"z": 0.5, "format": "msgpack"}, headers=auth()
+                )
+            return c.post(
+                f"/v1/maps/{mid}/query/distance",
+                content=pts,
+                headers={**auth(), "content-type": wire.MSGPACK},
+            )
+
+        with ThreadPoolExecutor(8) as pool:
+            codes = [r.status_code for r in pool.map(one, range(8))]
+        assert codes == [200] * 8
+        text = c.get("/metrics", headers=auth()).text
+        assert metric(text, "mapper_work_memory_budget_bytes") == cap
+        assert 64 << 20 <= metric(text, "mapper_work_peak_bytes") <= cap
+        assert metric(text, "mapper_work_waits_total") >= 1
+        assert metric(text, "mapper_work_reserved_bytes") == 0 and metric(text, "mapper_work_running") == 0
