@@ -244,3 +244,18 @@ def test_concurrent_reads_over_the_work_budget_wait_and_succeed(tmp_path):
         assert 64 << 20 <= metric(text, "mapper_work_peak_bytes") <= cap
         assert metric(text, "mapper_work_waits_total") >= 1
         assert metric(text, "mapper_work_reserved_bytes") == 0 and metric(text, "mapper_work_running") == 0
+
+
+def test_esdf_update_estimate_follows_the_last_update():
+    from test_service_helpers import scan
+
+    from mapper import budget
+    from mapper.map import Map
+
+    assert budget.esdf_update_bytes(Map(voxel_size_m=0.3, layers=["tsdf"], max_range_m=10.0)) == 0
+    m = Map(voxel_size_m=0.3, layers=["tsdf", "esdf"], max_range_m=10.0)
+    assert budget.esdf_update_bytes(m) == 0  # no update yet
+    m.integrate_lidar(*scan(0, 1500))
+    res = m.update_esdf()
+    assert res["computed_voxels"] > 0
+    assert budget.esdf_update_bytes(m) == budget.ESDF_UPDATE_BYTES_PER_VOXEL * res["computed_voxels"]
