@@ -60,8 +60,10 @@ def test_mmap_threshold_returns_large_blocks_at_free():
     while glibc's dynamic threshold keeps such blocks in the arena after the first one was freed. In a
     subprocess: the setting is process-wide and cannot be undone."""
     code = r"""
-import ctypes, sys
-from mapper.api import memory
+import ctypes, importlib.util, sys
+spec = importlib.util.spec_from_file_location("memory", sys.argv[2])  # alone: no torch import
+memory = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(memory)
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
@@ -79,7 +81,8 @@ print(before, memory.rss_bytes(), live["mmap"], live["in_use"])
 """
     out = {}
     for mode in ("dynamic", "fixed"):
-        r = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, timeout=60)
+        cmd = [sys.executable, "-c", code, mode, memory.__file__]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         out[mode] = [int(x) for x in r.stdout.split()]
     before, after, mmap, _ = out["fixed"]
