@@ -262,3 +262,21 @@ def test_esdf_update_estimate_follows_the_last_update():
     res = m.update_esdf()
     assert res["computed_voxels"] > 0
     assert budget.esdf_update_bytes(m) == budget.ESDF_UPDATE_BYTES_PER_VOXEL * res["computed_voxels"]
+
+
+def test_work_budget_cancel_after_a_release_passed_over_the_waiter():
+    """A waiter cancelled, then skipped by a release before it resumes: no error, nothing leaks."""
+
+    async def main():
+        wb = memory.WorkBudget(100)
+        held = await wb.acquire(100)
+        w = asyncio.create_task(wb.acquire(50))
+        await asyncio.sleep(0.01)
+        w.cancel()  # its future is cancelled now; the task resumes later
+        wb.release(held)  # _wake pops the cancelled entry
+        with pytest.raises(asyncio.CancelledError):
+            await w
+        assert (wb.reserved, wb.running, wb.waiting) == (0, 0, 0)
+        assert await wb.acquire(100) == 100
+
+    asyncio.run(main())

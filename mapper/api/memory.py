@@ -157,8 +157,9 @@ class WorkBudget:
             if fut.done() and not fut.cancelled():  # room was given just before the cancel: hand it back
                 self.release(n)
             else:
-                self._queue.remove((n, fut))
-                self._wake()  # a large read at the head may have blocked smaller ones behind it
+                with contextlib.suppress(ValueError):  # a release may have dropped it already
+                    self._queue.remove((n, fut))
+                self._wake()  # a large one at the head may have blocked smaller ones behind it
             raise
         finally:
             self.waiting -= 1
