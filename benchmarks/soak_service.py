@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shutil
 import sys
 import tempfile
@@ -192,6 +193,33 @@ def map_size(c: MapperClient) -> tuple[int, int]:
     return int(total["mapper_active_voxels{"]), int(total["mapper_layer_bytes{"])
 
 
+PROBES = {  # /metrics series logged next to RSS every sample (mapper.api.memory.MemoryCollector)
+    'mapper_malloc_bytes{kind="in_use"}': "in_use",
+    'mapper_malloc_bytes{kind="free"}': "free",
+    'mapper_malloc_bytes{kind="mmap"}': "mmap",
+    "mapper_python_allocated_blocks": "py_blocks",
+    "mapper_threads": "threads",
+    "mapper_work_running": "running",
+    "mapper_work_waiting": "waiting",
+    "mapper_work_reserved_bytes": "reserved",
+    "mapper_work_memory_budget_bytes": "work_budget",
+    "mapper_ws_connections": "ws",
+}
+
+
+def probe(c: MapperClient) -> dict[str, float]:
+    """The server's memory probes (PROBES) and its number of metric series (a label explosion shows)."""
+    out: dict[str, float] = {"series": 0}
+    for line in c.metrics().splitlines():
+        if not line or line[0] == "#":
+            continue
+        out["series"] += 1
+        key, _, value = line.rpartition(" ")
+        if key in PROBES:
+            out[PROBES[key]] = float(value)
+    return out
+
+
 def growth_window(duration: float) -> tuple[float, float]:
     """(start, end) seconds of the window whose RSS growth is judged: the last 20 minutes of a run of
     30 minutes or more, else its last two thirds."""
@@ -215,6 +243,7 @@ def run(args) -> dict:
     server, url = start_server(args.device, tmp, **env)
     st = Stats()
     samples: list[tuple[float, int]] = []
+    probes: list[tuple[float, dict]] = []  # (t, PROBES + requests done so far)
     voxels: list[tuple[float, tuple[int, int]]] = []
     stop = threading.Event()
     try:
@@ -251,6 +280,21 @@ def run(args) -> dict:
                     st.error("server", f"exited with {server.returncode}")
                     break
                 samples.append((now, rss_bytes(server.pid)))
+                try:
+                    p = probe(c)
+                except Exception as e:
+                    st.error("metrics", type(e).__name__, str(e))
+                    p = {}
+                with st.lock:
+                    p["requests"] = sum(len(v) for v in st.lat.values())
+                p["load"] = os.getloadavg()[0]
+                probes.append((now, p))
+                if args.log:
+                    print(
+                        f"{now:.0f} rss={samples[-1][1]} " + " ".join(f"{k}={v:.4g}" for k, v in p.items()),
+                        file=args.log,
+                        flush=True,
+                    )
                 if now >= next_voxels:
                     try:
                         voxels.append((now, map_size(c)))
@@ -288,6 +332,7 @@ def run(args) -> dict:
         "ready": ready,
         "stats": st,
         "samples": samples,
+        "probes": probes,
         "voxels": voxels,
         "elapsed": elapsed,
         "n_maps": n_maps,
@@ -309,16 +354,40 @@ def rss_growth(samples: list[tuple[float, int]], w0: float, w1: float) -> tuple[
     return slope * (t[-1] - t[0]) / start, slope
 
 
+def series(probes: list[tuple[float, dict]], *keys: str) -> list[tuple[float, float]]:
+    """(t, sum of ``keys``) of the probes that have them all."""
+    return [(t, sum(p[k] for k in keys)) for t, p in probes if all(k in p for k in keys)]
+
+
+def retained(samples, probes) -> list[tuple[float, float]]:
+    """(t, RSS - live native heap): what the process holds beyond the live blocks (code, Python's own
+    arenas, thread stacks and the free pages malloc keeps). A creep of freed memory shows here; the
+    temporaries of the work in flight do not."""
+    live = dict(series(probes, "in_use", "mmap"))
+    return [(t, r - live[t]) for t, r in samples if t in live]
+
+
+def mean_growth(xs: list[tuple[float, float]], w0: float, w1: float, span: float = 120.0) -> float:
+    """Growth (fraction) between the means over the first and the last ``span`` seconds of [w0, w1]."""
+    a, b = rss_at(xs, w0, span), rss_at(xs, w1, span)
+    return (b - a) / a if a else 0.0
+
+
 def report(args, res: dict, argv: list[str]) -> tuple[str, bool]:
     st: Stats = res["stats"]
     samples = res["samples"]
+    probes = res.get("probes", [])
     elapsed = res["elapsed"]
     w0, w1 = growth_window(elapsed)
     r0, r1 = rss_at(samples, w0), rss_at(samples, w1)
     growth, slope = rss_growth(samples, w0, w1)
+    growth_means = mean_growth(samples, w0, w1)
     n_err = sum(st.errors.values())
     ok = n_err == 0 and growth <= args.max_growth
     mib = 2**20
+    live = series(probes, "in_use", "mmap")
+    kept = retained(samples, probes)
+    loads = [p["load"] for _, p in probes if "load" in p]
     lines = [
         "# Service soak",
         "",
@@ -330,12 +399,34 @@ def report(args, res: dict, argv: list[str]) -> tuple[str, bool]:
         f"{res['n_maps']} maps (voxel {args.voxel} m, tsdf+esdf, WAL fsync, snapshot every "
         f"{args.snapshot_interval_s:g} s); {args.readers} readers cycling distance queries (5 000 points), "
         f"ESDF slices (msgpack, PNG) and meshes (full, since a version), {args.reader_pause_s:g} s apart",
-        f"- duration: {elapsed / 60:.1f} min; RSS sampled every {args.sample_s:g} s",
+        f"- duration: {elapsed / 60:.1f} min; RSS and the server's memory probes (/metrics) sampled every "
+        f"{args.sample_s:g} s",
+        *(
+            [
+                f"- machine load average (1 min; the 2 cores are shared with other jobs): min "
+                f"{min(loads):.1f}, median {np.median(loads):.1f}, max {max(loads):.1f}"
+            ]
+            if loads
+            else []
+        ),
         *([f"- note: {args.note}"] if args.note else []),
         "",
         f"**Result: {'PASS' if ok else 'FAIL'}** — {n_err} errors; RSS growth {growth * 100:+.2f} % over "
         f"{w0 / 60:.1f}–{w1 / 60:.1f} min (limit {args.max_growth * 100:.0f} %; Theil-Sen line through "
-        f"the samples: {slope:+.2f} MiB/min); 2-minute means {r0 / mib:.0f} → {r1 / mib:.0f} MiB.",
+        f"the samples: {slope:+.2f} MiB/min); from 2-minute means {r0 / mib:.0f} → {r1 / mib:.0f} MiB: "
+        f"{growth_means * 100:+.2f} %.",
+    ]
+    if live:
+        g_live, s_live = rss_growth(live, w0, w1)
+        g_kept, s_kept = rss_growth(kept, w0, w1)
+        lines += [
+            "",
+            "Where the RSS is (same window, Theil-Sen): live native heap (glibc `mallinfo2` in use + "
+            f"mmapped: the maps and the temporaries of the work in flight) {s_live:+.2f} MiB/min "
+            f"({g_live * 100:+.2f} %); RSS minus the live heap (code, Python, stacks, free pages kept) "
+            f"{s_kept:+.2f} MiB/min ({g_kept * 100:+.2f} %).",
+        ]
+    lines += [
         "",
         "| server RSS (mean over 2 min from) | MiB |",
         "|---|---|",
@@ -364,11 +455,52 @@ def report(args, res: dict, argv: list[str]) -> tuple[str, bool]:
         "",
         "Active voxels / layer MiB (all maps and layers, by minute): "
         + ", ".join(f"{t / 60:.0f}: {v} / {b / mib:.1f}" for t, (v, b) in res["voxels"]),
-        "",
-        "RSS by half minute (MiB): "
-        + ", ".join(f"{t / 60:.1f}: {r / mib:.0f}" for t, r in samples if int(t) % 30 < args.sample_s),
     ]
+    if probes:
+        lines += ["", *minute_table(samples, probes, args.sample_s)]
+    else:
+        lines += [
+            "",
+            "RSS by half minute (MiB): "
+            + ", ".join(f"{t / 60:.1f}: {r / mib:.0f}" for t, r in samples if int(t) % 30 < args.sample_s),
+        ]
     return "\n".join(lines) + "\n", ok
+
+
+def minute_table(samples, probes, sample_s: float) -> list[str]:
+    """Per minute: means of RSS, the live native heap, RSS minus it, the work budget's operations running
+    and its bytes reserved; the requests completed, the metric series and the load average."""
+    mib = 2**20
+    rows = [
+        "Per minute (means of the samples; live = glibc heap in use + mmapped; work = heavy operations "
+        "running under the work budget; series = metric series on /metrics):",
+        "",
+        "| min | RSS MiB | live heap MiB | RSS - live MiB | work running | reserved MiB | requests/min "
+        "| series | Python blocks (k) | load |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    rss = dict(samples)
+    end = max(t for t, _ in probes)
+    prev_req = 0.0
+    for m in range(int(end // 60) + 1):
+        ps = [(t, p) for t, p in probes if m * 60 <= t < (m + 1) * 60]
+        if not ps:
+            continue
+
+        def avg(key, ps=ps):
+            xs = [p[key] for _, p in ps if key in p]
+            return float(np.mean(xs)) if xs else float("nan")
+
+        r = np.mean([rss[t] for t, _ in ps if t in rss]) / mib
+        lv = np.mean([p["in_use"] + p["mmap"] for _, p in ps if "in_use" in p and "mmap" in p] or [np.nan])
+        req = ps[-1][1].get("requests", prev_req)
+        rows.append(
+            f"| {m} | {r:.0f} | {lv / mib:.0f} | {r - lv / mib:.0f} | {avg('running'):.1f} | "
+            f"{avg('reserved') / mib:.0f} | {req - prev_req:.0f} | {avg('series'):.0f} | "
+            f"{avg('py_blocks') / 1e3:.0f} | {avg('load'):.1f} |"
+        )
+        prev_req = req
+    return rows
 
 
 def parser() -> argparse.ArgumentParser:
@@ -393,6 +525,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--progress", action="store_true", help="a line per minute on stderr")
     ap.add_argument("--note", help="a line for the report (e.g. what else ran on the machine)")
     ap.add_argument("--out", type=Path, help="write the markdown report here")
+    ap.add_argument("--log", type=argparse.FileType("w"), help="a line per sample: RSS and the probes")
     return ap
 
 

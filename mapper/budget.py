@@ -322,3 +322,13 @@ def check_read(what: str, count: int, unit: str, per_item: int, limit_bytes: int
             f"{what}: {count} {unit} need about {fmt_bytes(need)} ({per_item} B per {unit[:-1]}), over "
             f"{setting}={limit_bytes} ({fmt_bytes(limit_bytes)}); at most {most} {unit} fit"
         )
+
+
+def esdf_update_bytes(m) -> int:
+    """Working memory of the map's next ESDF update, estimated from its last one
+    (``ESDF_UPDATE_BYTES_PER_VOXEL`` per voxel it computed; a replayed or similar frame recomputes a
+    similar region); 0 without an ESDF or before its first update."""
+    esdf = getattr(m, "_esdf", None)
+    if esdf is None:
+        return 0
+    return ESDF_UPDATE_BYTES_PER_VOXEL * int(esdf.last.get("computed_voxels", 0))

@@ -28,6 +28,8 @@ from .integrators.common import (
     check_intrinsics,
     check_points,
     check_pose,
+    keys_to_ijk,
+    voxel_keys,
 )
 from .integrators.free import free_fields
 from .kernels.dispatch import use_triton
@@ -36,6 +38,9 @@ from .mesh import Mesh, extract_mesh, mesh_since
 from .registration import Odometry, OdometryConfig
 
 LAYERS = ("tsdf", "color", "occupancy", "esdf")
+# pending dirty-brick rows (frames since the last ESDF update) past which they are merged into unique rows:
+# a map whose ESDF is never read (lazy updates, a library user) would otherwise keep every frame's list
+DIRTY_COMPACT_ROWS = 1 << 18
 # points per chunk of a point query (bounds its temporaries: ~1.2 KB per point in one piece on the CPU torch
 # path, so a 16 M-cell slice needed ~20 GB; chunked, a query costs its outputs plus one chunk's working set)
 QUERY_CHUNK = {"cpu": 1 << 15, "cuda": 1 << 20}
@@ -259,6 +264,8 @@ class Map:
                 self._trajectory_start += drop
         if self._esdf is not None:
             self._dirty_bricks.extend(t for t in touched if t.numel())
+            self._dirty_bricks = _compact_dirty(self._dirty_bricks)
+            self._dirty_free = _compact_dirty(self._dirty_free)
 
     def integrate_lidar(
         self, points_sensor, T_world_sensor=None, *, estimated: bool = False, track: bool = True
@@ -1113,3 +1120,13 @@ def raycast_tsdf(layer, T, K, width, height, s, tau, max_range_m, chunk=1 << 16)
     return Q.RaycastResult(
         depth.reshape(height, width).to(torch.float32), normals.reshape(height, width, 3).to(torch.float32)
     )
+
+
+def _compact_dirty(parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``parts`` (int64 ``[B, 3]`` bricks, duplicates allowed) as at most one tensor of unique rows once
+    they hold more than ``DIRTY_COMPACT_ROWS`` rows and twice the rows of the last merge (its result is
+    the first part): the pending rows stay within ~2x the distinct bricks, at an amortised O(1) per row."""
+    rows = sum(int(t.shape[0]) for t in parts)
+    if rows <= max(DIRTY_COMPACT_ROWS, 2 * (int(parts[0].shape[0]) if parts else 0)):
+        return parts
+    return [keys_to_ijk(torch.unique(voxel_keys(torch.cat(parts))))]

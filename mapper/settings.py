@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     memory_budget_bytes: int | None = Field(None, gt=0)
     map_memory_budget_bytes: int | None = Field(None, gt=0)
     max_request_bytes: int | None = Field(None, gt=0)
+    # working memory of the heavy operations in flight together (reads, writer batches with their ESDF
+    # update); one that does not fit waits (mapper.api.memory.WorkBudget); unset = RAM / 8 (GPU memory / 8
+    # with CUDA)
+    work_memory_bytes: int | None = Field(None, gt=0)
 
     # durability
     fsync: bool = True
@@ -79,6 +83,7 @@ class Settings(BaseSettings):
     # native heap (glibc): cap the malloc arenas, give free pages back every N s (mapper.api.memory)
     malloc_arena_max: int = Field(2, ge=0)  # 0 = glibc's default (8 per core)
     malloc_trim_s: float = Field(10.0, ge=0)  # 0 = never
+    malloc_mmap_threshold: int = Field(1 * MiB, ge=0, le=32 * MiB)  # blocks >= this mmapped; 0 = dynamic
 
     # compile the Triton kernels of the default map configuration and of every restored map before
     # /readyz is ready; the Triton cache lives under data_dir/triton-cache unless TRITON_CACHE_DIR is set

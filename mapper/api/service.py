@@ -223,12 +223,22 @@ class MapEntry:
         self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
         return op.future
 
-    async def read(self, fn, *, exclusive: bool = False, esdf: bool = False):
+    async def read(self, fn, *, exclusive: bool = False, esdf: bool = False, cost: int | None = None):
         """Run ``fn(view)`` on the query pool on the last published version of the map (a read-only
         ``Map.read_view``; ``view.version`` is the ``map_version`` it answers for). No lock: a batch being
         integrated meanwhile does not delay it. ``esdf``: the read needs the ESDF; with the lazy ESDF
         (``MAPPER_ESDF_UPDATE=lazy``) a stale one is brought up to date on the writer first (that read
-        waits for the writer). ``exclusive`` is accepted for older callers and changes nothing."""
+        waits for the writer). ``exclusive`` is accepted for older callers and changes nothing. The read
+        starts once its working memory (``cost`` bytes, default ``budget.READ_WORKING_BYTES``, plus the
+        ESDF update it may run) fits the work budget (``mapper.api.memory.WorkBudget``)."""
+        need = budget.READ_WORKING_BYTES if cost is None else cost
+        view = self.view
+        if esdf and "esdf" in view.layers and view.esdf_dirty:
+            need += budget.esdf_update_bytes(view)
+        async with self.service.work.hold(need):
+            return await self._read(fn, esdf)
+
+    async def _read(self, fn, esdf: bool):
         view = self.view
         if esdf and "esdf" in view.layers and view.esdf_dirty:  # (eager: only after a restart or a failure)
             await asyncio.get_running_loop().run_in_executor(
@@ -264,7 +274,8 @@ class MapEntry:
                 batch.append(nxt)
             self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
             try:
-                results = await loop.run_in_executor(self.executor, self._process, batch)
+                async with self.service.work.hold(self._batch_work_bytes()):
+                    results = await loop.run_in_executor(self.executor, self._process, batch)
             except BaseException as e:  # WAL failure: nothing of the batch was acknowledged
                 log.exception("map %s: batch failed", self.id)
                 results = [e] * len(batch)
@@ -279,6 +290,12 @@ class MapEntry:
                     o.future.set_result(res)
             self.in_flight -= len(batch)
         self.metrics.queue_depth.labels(self.id).set(0)
+
+    def _batch_work_bytes(self) -> int:
+        """Working memory of a writer batch: one frame's integration at a time (``READ_WORKING_BYTES``)
+        plus the eager ESDF update after it (estimated from the last one)."""
+        eager = "esdf" in self.map.layers and self.settings.esdf_update == "eager"
+        return budget.READ_WORKING_BYTES + (budget.esdf_update_bytes(self.map) if eager else 0)
 
     # ------------------------------------------------------------------------------- writer thread
     def _track(self, batch: list[Op]) -> None:
@@ -767,6 +784,11 @@ class MapService:
         metrics.memory_budget.set(self.memory_budget)
         self.maps: dict[str, MapEntry] = {}
         memory.limit_arenas(settings.malloc_arena_max)  # before the service's threads start
+        memory.set_mmap_threshold(settings.malloc_mmap_threshold)
+        self.work = memory.WorkBudget(
+            settings.work_memory_bytes or budget.device_memory_bytes(self.device) // 8
+        )
+        metrics.registry.register(memory.MemoryCollector(self.work))
         self.query_pool = ThreadPoolExecutor(settings.query_threads, thread_name_prefix="query")
         self.ready = asyncio.Event()
         self.stopping = False
