@@ -1,0 +1,23 @@
+#!/bin/bash
+# The coordinator's final H200 run of a merged main: the GPU-marked suite, then the named benchmarks/device_*.sh
+# scripts. Prepare here: `mkdir -p .gpu && git archive HEAD -o .gpu/main.tar && cp benchmarks/device_final.sh .gpu/final.sh`;
+# device `run` with carry [".whl", ".shdata", ".gpu"] (.whl = ../shared/tools/device-wheels.sh, .shdata/data = ../shared/data):
+#   SUITE_S=200 BENCHES="s2-mc s2-frame" BENCH_S=115 bash .gpu/final.sh
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1
+mkdir -p /tmp/bin; command -v python >/dev/null || ln -sf "$(command -v python3)" /tmp/bin/python; export PATH=/tmp/bin:$PATH
+ROOT=$PWD; mkdir -p /tmp/m /tmp/o && tar -xf .gpu/main.tar -C /tmp/m
+mkdir -p /tmp/shared && ln -sfn $ROOT/.shdata/data /tmp/shared/data
+cd /tmp/m
+export PYTHONPATH=/tmp/site:/tmp/m MAPPER_SHARED_DATA=$ROOT/.shdata/data PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > /tmp/o/gpuinfo.txt 2>&1
+python3 -c "import sys,torch,triton;print(sys.version,torch.__version__,triton.__version__)" >> /tmp/o/gpuinfo.txt
+s=$(date +%s)
+timeout ${SUITE_S:-230} python3 -m pytest -q -p no:cacheprovider -p no:benchmark tests -k "cuda or gpu" -n 8 --continue-on-collection-errors -rfE > /tmp/o/gpusuite.txt 2>&1
+echo "suite rc=$? in $(( $(date +%s) - s )) s" >> /tmp/o/gpusuite.txt
+tail -n 30 /tmp/o/gpusuite.txt
+for b in ${BENCHES:-s2-mc s2-frame}; do
+  s=$(date +%s); mkdir -p /tmp/o/$b
+  OUT=/tmp/o/$b timeout ${BENCH_S:-130} bash benchmarks/device_$b.sh > /tmp/o/$b/log.txt 2>&1
+  echo "[$b] rc=$? in $(( $(date +%s) - s )) s" | tee -a /tmp/o/$b/log.txt
+done
+tar -cf $OUT/final.tar -C /tmp/o .
