@@ -36,6 +36,7 @@ from .kernels.dispatch import use_triton
 from .layers import BrickLayer, brick_offsets
 from .mesh import Mesh, extract_mesh, mesh_since
 from .registration import Odometry, OdometryConfig
+from .sharding import ShardSpec
 
 LAYERS = ("tsdf", "color", "occupancy", "esdf")
 # pending dirty-brick rows (frames since the last ESDF update) past which they are merged into unique rows:
@@ -120,6 +121,9 @@ class Map:
         keep_radius_m: optional radius policy (bounded memory, like nvblox's radius clearing): after each
             frame, the bricks lying wholly farther than this from the frame's sensor origin are freed in
             every layer. Deterministic (a function of the frames), so a replayed log gives the same map.
+        shard: optional ``mapper.sharding.ShardSpec`` (or its dict): this map is one shard of a sharded
+            map; after each frame it frees the bricks wholly outside the halo of the blocks it owns (like the
+            radius policy: deterministic, so a replayed log gives the same shard). None: an ordinary map.
         warmup: on CUDA, compile every Triton kernel this configuration uses now (once per configuration
             per process, see :mod:`mapper.warmup`), not on the first frames. Not part of :meth:`config`.
     """
@@ -138,9 +142,11 @@ class Map:
         registration: dict | None = None,
         keep_radius_m: float | None = None,
         esdf_voxel_size_m: float | None = None,
+        shard: dict | None = None,
         warmup: bool = True,
     ):
         self.voxel_size_m = _positive("voxel_size_m", voxel_size_m)
+        self.shard = None if shard is None else ShardSpec.from_dict(shard)
         self.keep_radius_m = _positive("keep_radius_m", keep_radius_m, allow_none=True)
         if esdf_voxel_size_m is None:
             esdf_voxel_size_m = max(self.voxel_size_m, 0.05)
@@ -312,6 +318,7 @@ class Map:
             if self._free is not None:
                 self._walk_free(origin, dirs, rng)
         cleared = self._keep_radius(T[:3, 3])
+        self._keep_shard()
         self._end(touched, T_host)
         out = {"points_used": used, "points_dropped": int(ok.numel() - used), "T_world_sensor": T_host}
         if cleared is not None:
@@ -402,6 +409,7 @@ class Map:
                     _, origin, dirs, rng = tsdf.pixel_rays(sparse, Kt, T, self.max_range_m)
                     self._walk_free(origin, dirs, rng)
         cleared = self._keep_radius(T[:3, 3])
+        self._keep_shard()
         self._end(touched, T)
         out = {"points_used": used, "points_dropped": int(d.numel() - used)}
         if cleared is not None:
@@ -426,6 +434,18 @@ class Map:
             far = torch.linalg.vector_norm(near - c, dim=1) > self.keep_radius_m
             n += self._free_bricks(layer, bricks, far, name)
         return n
+
+    def _keep_shard(self) -> None:
+        """A shard (``shard``): free the bricks of every source layer lying wholly outside the halo of its own
+        blocks (the ESDF follows on its next update)."""
+        if self.shard is None:
+            return
+        for name, layer in self._brick_layers():
+            if layer.num_bricks == 0:
+                continue
+            bricks, _ = layer.brick_table()
+            keep = self.shard.keep_bricks(bricks, 4 * self._layer_voxel_m(name), self.voxel_size_m)
+            self._free_bricks(layer, bricks, ~keep, name)
 
     @property
     def coordinate_limit_m(self) -> float:
@@ -628,6 +648,7 @@ class Map:
             },
             "registration": dict(self._registration),
             "keep_radius_m": self.keep_radius_m,
+            **({"shard": self.shard.to_dict()} if self.shard is not None else {}),
         }
 
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:

@@ -73,6 +73,16 @@ class MapCreate(BaseModel):
     memory_budget_bytes: Annotated[int, Field(gt=0, le=1 << 50)] | None = Field(
         None, description="this map's memory budget (507 beyond it); default MAPPER_MAP_MEMORY_BUDGET_BYTES"
     )
+    shards: Annotated[int, Field(strict=True, ge=1, le=1024)] | None = Field(
+        None,
+        description="mapper serve --ray only: split the map over this many map workers by root-tile blocks "
+        "(at most the number of workers; README 'Sharded maps'); 1 or unset: an ordinary map",
+    )
+    shard_block_m: Annotated[float, Field(strict=True, gt=0, le=1e5, allow_inf_nan=False)] | None = Field(
+        None,
+        description="with shards: the edge of a block of root tiles (the unit of ownership); default "
+        "max(4 halos, 8 m)",
+    )
 
 
 class MapSummary(BaseModel):

@@ -30,6 +30,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import httpx
+import numpy as np
+import torch
 from fastapi import APIRouter, Body, FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -119,6 +121,7 @@ class Router:
         self.settings = settings
         self.workers = workers
         self.routes: dict[str, Route] = {}
+        self.sharded: dict = {}  # map id -> shards.ShardedMap
         self.lock = asyncio.Lock()  # creates, moves and refreshes, one at a time
         self.ready = False
         self.http = httpx.AsyncClient(
@@ -186,14 +189,21 @@ class Router:
     async def refresh(self) -> None:
         """Rebuild the routes from the workers' map lists."""
         lists = await asyncio.gather(*(self.json(i, "GET", "/v1/maps") for i in range(len(self.workers))))
+        from . import shards
+
         found: dict[str, tuple[int, str]] = {}
+        summaries: dict[str, tuple[int, dict]] = {}
         for i, resp in enumerate(lists):
             if resp.status_code != 200:
                 from ..api.errors import Unavailable
 
                 raise Unavailable(f"map worker {i}: listing maps answered {resp.status_code}")
             for m in resp.json()["maps"]:
-                found[m["id"]] = (i, m["name"])
+                summaries[m["id"]] = (i, m)
+        self.sharded, shard_ids = shards.group_shards(summaries)
+        for mid, (i, m) in summaries.items():
+            if mid not in shard_ids:
+                found[mid] = (i, m["name"])
         for map_id in list(self.routes):
             if map_id not in found and not self.routes[map_id].paused:
                 del self.routes[map_id]
@@ -249,15 +259,23 @@ class Router:
 
     async def place(self) -> int:
         """The least loaded worker: fewest maps, then fewest bytes in maps (ties: lowest index)."""
+        return (await self.ranked())[0]
+
+    async def ranked(self) -> list[int]:
+        """The workers, least loaded first: fewest maps (a shard counts as one), then fewest bytes in maps
+        (ties: lowest index); workers not answering last."""
         infos = await asyncio.gather(*(self.info(i) for i in range(len(self.workers))))
         counts = [0] * len(self.workers)
         for r in self.routes.values():
             counts[r.worker] += 1
+        for sm in self.sharded.values():
+            for w in sm.workers:
+                counts[w] += 1
         load = [
             ("error" in infos[i], counts[i], (infos[i].get("memory") or {}).get("maps_bytes", 0), i)
             for i in range(len(counts))
         ]
-        return min(load)[3]
+        return [x[3] for x in sorted(load)]
 
     async def info(self, index: int) -> dict:
         try:
@@ -494,18 +512,25 @@ def create_cluster_app(
 
     @api.post("/v1/maps", status_code=201, tags=["maps"], dependencies=[ReadAuth, WriteAuth])
     async def create_map(request: Request):
-        """As ``mapper serve``; the map is placed on the least loaded worker."""
+        """As ``mapper serve``; the map is placed on the least loaded worker. With ``"shards": K`` (2 <= K
+        <= workers) the map is split over K workers by root-tile blocks (README "Sharded maps")."""
+        from . import shards
+
         r = router_of(request)
         body = await request.body()
         try:
-            name = json.loads(body).get("name") if body else None
-        except (ValueError, AttributeError):
-            name = None  # the worker answers the validation error
+            parsed = json.loads(body) if body else None
+        except ValueError:
+            parsed = None  # the worker answers the validation error
+        name = parsed.get("name") if isinstance(parsed, dict) else None
+        k = shards.check_shards(parsed, len(r.workers)) if isinstance(parsed, dict) else None
         async with r.lock:
-            if len(r.routes) >= settings.max_maps:
+            if len(r.routes) + len(r.sharded) >= settings.max_maps:
                 raise Conflict(f"map limit reached ({settings.max_maps} maps; MAPPER_MAX_MAPS)")
-            if isinstance(name, str) and any(x.name == name for x in r.routes.values()):
+            if isinstance(name, str) and any(x.name == name for x in shards._all_maps(r)):
                 raise Conflict(f"name: a map named {name!r} exists")
+            if k is not None and k > 1:
+                return await shards.create(r, parsed, k, _forward_headers(request))
             index = await r.place()
             resp = await r.json(index, "POST", "/v1/maps", headers=_forward_headers(request), content=body)
             if resp.status_code == 201:
@@ -549,7 +574,8 @@ def create_cluster_app(
         for i, resp in enumerate(lists):
             if resp.status_code != 200:
                 raise Unavailable(f"map worker {i}: listing maps answered {resp.status_code}; retry")
-            maps.extend(resp.json()["maps"])
+            maps.extend(m for m in resp.json()["maps"] if "shard" not in (m.get("config") or {}))
+        maps.extend(await _sharded_summaries(r))
         return {"maps": sorted(maps, key=lambda m: m.get("created") or "")}
 
     @api.post("/v1/maps/{map_id}/move", tags=["cluster"], dependencies=[ReadAuth, WriteAuth])
@@ -564,13 +590,17 @@ def create_cluster_app(
             token = auth[7:].strip() if auth.lower().startswith("bearer ") else ws.query_params.get("token")
             check_token(settings, token, write=True)
             r = router_of(ws)
-            route = r.route(map_id)
+            sm = r.sharded.get(map_id)
+            route = r.route(map_id) if sm is None else None
         except MapperError as e:
             from ..api.routes.frames import _deny
 
             await _deny(ws, e)
             return
         await ws.accept()
+        if sm is not None:
+            await _sharded_stream(r, sm, ws, settings)
+            return
         await StreamRelay(r, route, map_id, ws).run()
 
     @api.api_route(
@@ -590,6 +620,8 @@ def create_cluster_app(
         check_token(
             settings, auth[7:].strip() if auth.lower().startswith("bearer ") else None, write=level != "read"
         )
+        if map_id in r.sharded:
+            return await _sharded_request(r, r.sharded[map_id], request, rest)
         route = r.route(map_id)
         body = await request.body()
         for attempt in range(2):
@@ -656,6 +688,113 @@ def create_cluster_app(
     app.add_middleware(AuthGate, settings=settings)
     app.add_middleware(HttpMetrics, metrics=metrics)
     return app
+
+
+async def _sharded_summaries(r: Router) -> list[dict]:
+    from . import shards
+
+    out = []
+    for sm in list(r.sharded.values()):
+        parts = await asyncio.gather(*(shards._summary_of(r, sm, i) for i in range(sm.count)))
+        out.append(shards.summary(sm, parts))
+    return out
+
+
+async def _sharded_request(r: Router, sm, request: Request, rest: str):
+    """A ``/v1/maps/{id}/...`` request to a sharded map (``mapper.cluster.shards``)."""
+    from ..api.deps import reply
+    from . import shards
+
+    method, body = request.method, await request.body()
+    ctype = request.headers.get("content-type", "")
+    try:
+        if rest == "" and method == "GET":
+            return await shards.get_map(r, sm)
+        if rest == "" and method == "DELETE":
+            async with r.lock:
+                return await shards.delete(r, sm)
+        if rest == "frames" and method == "POST":
+            status, out = await shards.integrate(r, sm, body, ctype, r.settings)
+            return reply(request, out, status_code=status)
+        if rest.startswith("query/") and method == "POST" and rest[6:] in ("distance", "tsdf", "occupancy"):
+            return reply(request, await shards.query(r, sm, rest[6:], body, ctype, r.settings))
+        if rest == "esdf/slice" and method == "GET":
+            params = dict(request.query_params)
+            fmt = params.get("format", "png")
+            out = await shards.slice_(r, sm, params)
+            if fmt == "png":
+                from .. import render
+                from ..queries import Slice
+
+                s = Slice(
+                    torch.from_numpy(np.asarray(out["distance"])),
+                    tuple(out["origin_xy"]),
+                    float(out["resolution_m"]),
+                    float(out["z_m"]),
+                )
+                png = await asyncio.to_thread(
+                    render.slice_to_png, s, max_distance_m=sm.config["esdf_max_distance_m"]
+                )
+                return Response(png, media_type="image/png")
+            if fmt == "msgpack":
+                from .. import wire
+
+                return Response(wire.packb(out), media_type=wire.MSGPACK)
+            return reply(request, out)
+        if rest == "esdf/box" and method == "POST":
+            return reply(request, await shards.box(r, sm, body, ctype))
+        if rest == "mesh" and method == "GET":
+            from .. import io, wire
+
+            fmt = request.query_params.get("format", "ply")
+            if request.query_params.get("since_version") is not None:
+                raise InvalidArgument(
+                    "since_version: not available on a sharded map (ask for the whole mesh)"
+                )
+            if fmt not in ("ply", "msgpack"):
+                raise InvalidArgument(f"format: expected 'ply' or 'msgpack', got {fmt!r}")
+            m = await shards.mesh(r, sm)
+            if fmt == "msgpack":
+                return Response(wire.packb(io.mesh_to_msgpack_dict(m)), media_type=wire.MSGPACK)
+            return Response(io.mesh_to_ply_bytes(m), media_type="application/octet-stream")
+        if rest in ("clear", "decay", "snapshot") and method == "POST":
+            return await shards.fan_out(r, sm, method, rest, body, _forward_headers(request))
+    except shards._Upstream as e:
+        return _response(e.resp, e.resp.content)
+    raise InvalidArgument(
+        f"{method} /v1/maps/{{id}}/{rest}: not available on a sharded map (frames, queries, slices with "
+        "bounds, boxes, the whole mesh, clear, decay, snapshot and delete are)"
+    )
+
+
+async def _sharded_stream(r: Router, sm, ws: WebSocket, settings: Settings) -> None:
+    """A WebSocket stream into a sharded map: each binary frame integrated as ``POST .../frames`` is
+    (every shard it reaches acks it), its ack or error sent back in order."""
+    from .. import wire
+    from . import shards
+
+    try:
+        while True:
+            msg = await ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                return
+            data = msg.get("bytes")
+            if data is None:
+                out = {
+                    "type": "malformed_message",
+                    "detail": "stream: send frames as binary msgpack messages",
+                    "status": 400,
+                }
+            else:
+                status, out = await shards.integrate(r, sm, data, wire.MSGPACK, settings)
+                if status != 200:
+                    out = {**out, "status": status}
+            await ws.send_bytes(wire.packb(out))
+    except (WebSocketDisconnect, RuntimeError):
+        return
+    except (WorkerLost, MapperError) as e:
+        with contextlib.suppress(Exception):
+            await ws.close(code=1011, reason=str(e)[:120])
 
 
 def _level(table, path: str, method: str) -> str | None:

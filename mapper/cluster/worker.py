@@ -202,6 +202,17 @@ class MapWorker:
             svc.metrics.maps.set(len(svc.maps))
         return svc.maps[map_id].summary()
 
+    def create_map(self, name: str, config: dict, memory_budget_bytes: int | None = None) -> dict:
+        """Create a map from a complete ``Map.config()`` (as ``POST /v1/maps`` does after filling defaults):
+        the ingress makes the shards of a sharded map with it (their config carries ``shard``, which the
+        public create request does not take). Returns its summary."""
+
+        async def create():
+            e = await self.service.create(name, config, memory_budget_bytes)
+            return e.summary()
+
+        return self._call(create(), 300.0)
+
     def map_path(self, map_id: str) -> str:
         return str(self.service.data.map_dir(map_id).root)
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from ...errors import NotFound
+from ...errors import InvalidArgument, NotFound
 from ..deps import EntryDep, ReadAuth, ServiceDep, SettingsDep, WriteAuth, attachment, version_header
 from ..schemas import (
     IMPORT_BODY,
@@ -54,6 +54,8 @@ def _config(body: MapCreate, settings) -> dict:
 @router.post("", status_code=201, response_model=MapSummary, dependencies=[WriteAuth])
 async def create_map(body: MapCreate, service: ServiceDep, settings: SettingsDep) -> MapSummary:
     """Create an empty map; returns its server-generated id."""
+    if (body.shards or 1) > 1:
+        raise InvalidArgument("shards: a sharded map needs the cluster (mapper serve --ray)")
     entry = await service.create(body.name, _config(body, settings), body.memory_budget_bytes)
     return MapSummary(**entry.summary())
 

@@ -1,0 +1,682 @@
+"""Sharded maps in the cluster: one map spread over K workers (``POST /v1/maps`` with ``"shards": K``).
+
+Each shard is an ordinary map on its own worker whose config carries ``shard`` (``mapper.sharding.ShardSpec``:
+its index, K, the block size and the halo). The ingress keeps ``ShardedMap`` routes (found again from the
+workers' map lists after a restart: the shard configs name their map) and:
+
+- **frames**: decoded once here (to bound their footprint), sent as they came to every shard whose kept
+  region the footprint can reach (``frame_shards``), concurrently; acked once every one of them has acked
+  (each ack means: in that shard's WAL). A shard answering 429 (queue full) is retried here (the frame was
+  not logged there); any other refusal is returned as it is (the other shards may hold the frame).
+- **queries**: points routed to their owner (``owner_of_points``), answers gathered in the request's order.
+- **slices / boxes**: every involved shard computes the same lattice; each cell is taken from its owner.
+- **mesh**: each shard's mesh reduced to the blocks (bricks) it owns, vertices welded by edge key.
+- **summary / stats**: per layer voxels, bricks and bytes summed; ``shards`` lists the parts.
+
+The functions at the top are pure (numpy / torch, no I/O) and tested without Ray (tests/test_sharding.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import secrets
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .. import sharding, wire
+from ..errors import InvalidArgument, MapperError, NotFound
+
+BUSY_RETRY_S = 120.0  # a shard's full queue: the frame is retried this long before its 429 is returned
+
+
+# ------------------------------------------------------------------------------------------ pure parts
+def frame_footprint(frame, config: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    """The box (x, y, z min / max, metres) that a posed frame can change in a map with this config: the
+    sensor origin and every valid return (as the map filters them: finite, in range), widened by the
+    longest TSDF band beyond a return (4 truncations at grazing incidence) and one brick of the coarsest
+    layer. None when the frame has no valid return (it changes no voxel)."""
+    T = np.asarray(frame.T_world_sensor, dtype=np.float64)
+    max_range = float(config.get("max_range_m", 100.0))
+    if isinstance(frame, wire.LidarFrame):
+        p = np.asarray(frame.points, dtype=np.float64)[:, :3]
+        r = np.linalg.norm(p, axis=1)
+        ok = np.isfinite(p).all(axis=1) & (r > 1e-6) & (r <= max_range)
+        if not ok.any():
+            return None
+        world = p[ok] @ T[:3, :3].T + T[:3, 3]
+    else:
+        depth = frame.depth_m
+        K = np.asarray(frame.K, dtype=np.float64).reshape(-1)
+        fx, fy, cx, cy = (K[0], K[4], K[2], K[5]) if K.size == 9 else K[:4]
+        d = depth.reshape(-1).astype(np.float64)
+        ok = np.isfinite(d) & (d > 0) & (d <= max_range)
+        if not ok.any():
+            return None
+        idx = np.nonzero(ok)[0]
+        h, w = depth.shape
+        u, v = (idx % w).astype(np.float64), (idx // w).astype(np.float64)
+        cam = np.stack(((u - cx) / fx * d[idx], (v - cy) / fy * d[idx], d[idx]), 1)
+        world = cam @ T[:3, :3].T + T[:3, 3]
+    lo = np.minimum(world.min(axis=0), T[:3, 3])
+    hi = np.maximum(world.max(axis=0), T[:3, 3])
+    s = float(config["voxel_size_m"])
+    es = float(config.get("esdf_voxel_size_m") or s)
+    margin = 4 * float(config.get("truncation_vox", 3.0)) * s + 4 * max(s, es)
+    return lo - margin, hi + margin
+
+
+def frame_shards(frame, config: dict) -> list[int]:
+    """The shards a frame must go to: those whose kept region (own blocks + halo + a brick) meets the
+    frame's footprint. Empty when the frame changes no voxel (it then goes to shard 0 alone, for its ack)."""
+    spec = sharding.ShardSpec.from_dict(config["shard"])
+    box = frame_footprint(frame, config)
+    if box is None:
+        return []
+    s = float(config["voxel_size_m"])
+    es = float(config.get("esdf_voxel_size_m") or s)
+    grow = spec.halo_m + 4 * max(s, es)
+    lo, hi = box[0][:2] - grow, box[1][:2] + grow
+    return sharding.shards_touching(lo, hi, s, spec.count, spec.block_tiles)
+
+
+def decode_arrays(msg: dict) -> dict:
+    """A msgpack reply of a worker: every wire array ({dtype, shape, data}) -> numpy; other values as they
+    are."""
+    out = {}
+    for k, v in msg.items():
+        if isinstance(v, dict) and {"dtype", "shape", "data"} <= set(v):
+            out[k] = np.frombuffer(v["data"], dtype=np.dtype(v["dtype"]).newbyteorder("<")).reshape(
+                v["shape"]
+            )
+        else:
+            out[k] = v
+    return out
+
+
+def gather_rows(parts: list[tuple[np.ndarray, dict]], n: int) -> dict:
+    """Per-point answers of several shards -> one answer in the request's order. ``parts``: (the request
+    rows the shard answered, its decoded reply); arrays are placed at those rows, scalars taken from the
+    first part (``map_version`` becomes the sum over the parts, which grows whenever any part does)."""
+    out: dict = {}
+    version = 0
+    for rows, reply in parts:
+        for k, v in reply.items():
+            if k == "map_version":
+                version += int(v)
+            elif isinstance(v, np.ndarray):
+                if k not in out:
+                    out[k] = np.zeros((n, *v.shape[1:]), dtype=v.dtype)
+                out[k][rows] = v
+            else:
+                out.setdefault(k, v)
+    out["map_version"] = version
+    return out
+
+
+def gather_cells(parts: dict[int, dict], owner: np.ndarray, keys: tuple[str, ...]) -> dict:
+    """Lattice answers (slice or box) computed by several shards on the same lattice -> each cell from
+    its owner (``owner``: the shard of every cell, shaped like the lattice)."""
+    first = next(iter(parts.values()))
+    out = dict(first)
+    version = 0
+    for k in keys:
+        v = np.array(first[k], copy=True)
+        for s, reply in parts.items():
+            sel = owner == s
+            v[sel] = np.asarray(reply[k])[sel]
+        out[k] = v
+    for reply in parts.values():
+        version += int(reply.get("map_version", 0))
+    out["map_version"] = version
+    return out
+
+
+def lattice_centres(origin, resolution_m: float, shape: tuple[int, ...]) -> np.ndarray:
+    """Centres ``[*shape, len(origin)]`` of a lattice ``origin + (i + 0.5) * resolution_m`` (the samples of
+    ``Map.esdf_slice`` / ``Map.esdf_box``)."""
+    axes = [
+        origin[a] + (np.arange(shape[a], dtype=np.float64) + 0.5) * resolution_m for a in range(len(shape))
+    ]
+    return np.stack(np.meshgrid(*axes, indexing="ij"), -1)
+
+
+def gather_mesh(meshes: dict[int, object], count: int, block_tiles: int):
+    """Shard meshes (``mapper.mesh.Mesh``, full) -> the sharded map's mesh: from each shard the faces of
+    the blocks (bricks) it owns, vertices welded by their edge key (the same key and position in every
+    shard: the halo gives a border brick's neighbours). Blocks sorted by key as in one map's mesh."""
+    from ..mesh import Mesh, block_keys
+
+    verts, norms, cols, vkeys, faces, blocks, counts = [], [], [], [], [], [], []
+    version, voxel, base = 0, 0.0, 0
+    with_color = any(m.colors is not None for m in meshes.values())
+    for s, m in meshes.items():
+        version += int(m.version)
+        voxel = voxel or m.voxel_size_m
+        if m.blocks.shape[0] == 0:
+            continue
+        own = sharding.owner_of_bricks(m.blocks.cpu(), count, block_tiles) == s
+        fb = m.face_blocks().cpu()
+        keep = own[fb]
+        f = m.faces.cpu().long()[keep]
+        used, inv = torch.unique(f.reshape(-1), return_inverse=True)
+        verts.append(m.vertices.cpu()[used])
+        norms.append(m.normals.cpu()[used])
+        if with_color:
+            cols.append(m.colors.cpu()[used])
+        vkeys.append(m.vertex_keys.cpu()[used])
+        faces.append(inv.reshape(-1, 3) + base)
+        base += int(used.numel())
+        c = (m.block_face_offsets[1:] - m.block_face_offsets[:-1]).cpu()
+        blocks.append(m.blocks.cpu()[own])
+        counts.append(c[own])
+    if not faces:
+        from ..mesh import empty_mesh
+
+        return empty_mesh(torch.device("cpu"), with_color, version, voxel)
+    v, n, k = torch.cat(verts), torch.cat(norms), torch.cat(vkeys)
+    f = torch.cat(faces)
+    ukeys, inv = torch.unique(k, return_inverse=True)  # sorted keys, as one map's mesh has them
+    first = torch.full((ukeys.numel(),), k.numel(), dtype=torch.int64)
+    first.scatter_reduce_(0, inv, torch.arange(k.numel()), reduce="amin")
+    # faces of each shard are in its block order; re-sort the blocks of all shards by key
+    b, c = torch.cat(blocks), torch.cat(counts)
+    face_block = torch.repeat_interleave(torch.arange(b.shape[0]), c)
+    order = torch.argsort(block_keys(b), stable=True)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel())
+    face_order = torch.argsort(rank[face_block], stable=True)
+    offsets = torch.zeros(b.shape[0] + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(c[order], 0)
+    return Mesh(
+        vertices=v[first],
+        faces=inv[f][face_order].to(torch.int32),
+        normals=n[first],
+        colors=torch.cat(cols)[first] if with_color else None,
+        vertex_keys=ukeys,
+        blocks=b[order],
+        block_face_offsets=offsets,
+        removed_blocks=torch.zeros((0, 3), dtype=torch.int64),
+        version=version,
+        full=True,
+        since_version=None,
+        voxel_size_m=voxel,
+    )
+
+
+def sum_layers(stats: list[dict]) -> dict:
+    """Per-layer numbers (voxels, bricks, bytes, ...) of several shards' ``stats()["layers"]`` summed; a
+    nested dict is summed key by key (numbers only)."""
+    out: dict = {}
+    for st in stats:
+        for name, d in (st or {}).items():
+            acc = out.setdefault(name, {})
+            for k, v in d.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    acc[k] = acc.get(k, 0) + v
+    return out
+
+
+def check_shards(body: dict, workers: int) -> int | None:
+    """The ``shards`` of a create request (None: an ordinary map). Raises ``InvalidArgument`` (422) naming
+    the problem: not an int, < 1, more than the workers, or options a sharded map cannot keep exact."""
+    k = body.get("shards")
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise InvalidArgument(f"shards: expected an integer >= 1, got {k!r}")
+    if k < 1:
+        raise InvalidArgument(f"shards: expected an integer >= 1, got {k}")
+    if k > workers:
+        raise InvalidArgument(f"shards: {k} shards need {k} map workers; this cluster has {workers}")
+    if k > 1 and body.get("keep_radius_m") is not None:
+        raise InvalidArgument("keep_radius_m: not available on a sharded map (a shard skips most frames)")
+    if k > 1 and body.get("registration") is not None:
+        raise InvalidArgument("registration: a sharded map needs posed frames (T_world_sensor)")
+    return k
+
+
+# ----------------------------------------------------------------------------------------- routes
+@dataclass
+class ShardedMap:
+    """A sharded map as the ingress routes it: shard i is map ``ids[i]`` on worker ``workers[i]``."""
+
+    id: str
+    name: str
+    config: dict  # shard 0's Map.config() (the shard entry says K, blocks and halo)
+    workers: list[int]
+    ids: list[str]
+    created: str | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # frames: one order for every shard
+
+    @property
+    def spec(self) -> sharding.ShardSpec:
+        return sharding.ShardSpec.from_dict(self.config["shard"])
+
+    @property
+    def count(self) -> int:
+        return len(self.ids)
+
+
+def group_shards(found: dict[str, tuple[int, dict]]) -> tuple[dict[str, ShardedMap], set[str]]:
+    """Worker map summaries (``{shard map id: (worker, summary)}``, ordinary maps included) -> the
+    sharded maps whose K shards are all present, and the ids of every shard map seen."""
+    parts: dict[str, dict[int, tuple[int, dict]]] = {}
+    seen = set()
+    for mid, (w, summ) in found.items():
+        sh = (summ.get("config") or {}).get("shard")
+        if not isinstance(sh, dict):
+            continue
+        seen.add(mid)
+        parts.setdefault(sh.get("map_id", ""), {})[int(sh["index"])] = (w, summ)
+    out = {}
+    for map_id, by_index in parts.items():
+        first = next(iter(by_index.values()))[1]
+        k = int(first["config"]["shard"]["count"])
+        if sorted(by_index) != list(range(k)):
+            continue  # a shard missing (its worker is not answering): the map is not served
+        ordered = [by_index[i] for i in range(k)]
+        out[map_id] = ShardedMap(
+            id=map_id,
+            name=first["config"]["shard"].get("name") or map_id,
+            config=by_index[0][1]["config"],
+            workers=[w for w, _ in ordered],
+            ids=[s["id"] for _, s in ordered],
+            created=by_index[0][1].get("created"),
+        )
+    return out, seen
+
+
+def new_sharded_id() -> str:
+    return "s" + secrets.token_hex(8)
+
+
+def summary(sm: ShardedMap, parts: list[dict]) -> dict:
+    """The sharded map's ``GET /v1/maps`` entry from its shards' summaries."""
+    cfg = {k: v for k, v in sm.config.items() if k != "shard"}
+    spec = sm.spec
+    return {
+        "id": sm.id,
+        "name": sm.name,
+        "created": sm.created,
+        "config": {
+            **cfg,
+            "shards": sm.count,
+            "shard_block_tiles": spec.block_tiles,
+            "shard_halo_m": spec.halo_m,
+        },
+        "frames_integrated": max(int(p.get("frames_integrated", 0)) for p in parts),
+        "version": sum(int(p.get("version", 0)) for p in parts),
+        "last_seq": sum(int(p.get("last_seq", 0)) for p in parts),
+        "queue_depth": sum(int(p.get("queue_depth", 0)) for p in parts),
+        "memory_bytes": sum(int(p.get("memory_bytes") or 0) for p in parts),
+        "memory_budget_bytes": sum(int(p.get("memory_budget_bytes") or 0) for p in parts),
+        "shards": [
+            {"index": i, "worker": sm.workers[i], "map_id": sm.ids[i], "memory_bytes": p.get("memory_bytes")}
+            for i, p in enumerate(parts)
+        ],
+    }
+
+
+def parse_json_or_msgpack(body: bytes, content_type: str):
+    ctype = (content_type or "").split(";")[0].strip().lower()
+    if ctype in wire.MSGPACK_TYPES:
+        return wire.unpackb(body)
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise wire.MalformedMessage(f"body: not valid JSON ({e})") from None
+
+
+def slice_lattice(
+    params: dict, resolution_default: float
+) -> tuple[tuple[float, float], tuple[int, int], float]:
+    """``(origin_xy, (h, w), resolution)`` of ``Map.esdf_slice`` for explicit bounds."""
+    res = float(params.get("resolution_m") or resolution_default)
+    x0, y0 = float(params["x_min"]), float(params["y_min"])
+    w = max(1, math.ceil((float(params["x_max"]) - x0) / res))
+    h = max(1, math.ceil((float(params["y_max"]) - y0) / res))
+    return (x0, y0), (h, w), res
+
+
+__all__ = [
+    "MapperError",
+    "NotFound",
+    "ShardedMap",
+    "check_shards",
+    "frame_shards",
+    "gather_cells",
+    "gather_mesh",
+    "gather_rows",
+    "group_shards",
+]
+
+
+# ------------------------------------------------------------------------------------- the ingress side
+MSGPACK_HEADERS = {"content-type": wire.MSGPACK, "accept": wire.MSGPACK}
+
+
+async def _json_reply(router, index: int, method: str, path: str, **kw):
+    """One request to a worker, read whole: (status, body bytes, headers)."""
+    resp = await router.json(index, method, path, **kw)
+    return resp.status_code, resp.content, resp.headers
+
+
+def _error_response(status: int, content: bytes, headers):
+    from fastapi.responses import Response
+
+    keep = {k: v for k, v in headers.items() if k.lower() in ("content-type",)}
+    return Response(content, status_code=status, headers=keep)
+
+
+async def create(router, body: dict, k: int, headers: dict):
+    """Create a sharded map: the config is validated and completed by a worker (an ordinary create of the
+    same body, deleted again), then one shard map per worker, on the K least loaded workers."""
+    from fastapi.responses import JSONResponse
+
+    plain = {key: v for key, v in body.items() if key not in ("shards", "shard_block_m", "name")}
+    block_m = body.get("shard_block_m")
+    if block_m is not None and (
+        isinstance(block_m, bool) or not isinstance(block_m, (int, float)) or not 0 < block_m <= 1e5
+    ):
+        raise InvalidArgument(f"shard_block_m: expected a number in (0, 1e5] metres, got {block_m!r}")
+    name = body.get("name")
+    if name is not None and any(getattr(x, "name", None) == name for x in _all_maps(router)):
+        from ..errors import Conflict
+
+        raise Conflict(f"name: a map named {name!r} exists")
+    order = await router.ranked()
+    probe_worker = order[0]
+    status, content, hdrs = await _json_reply(
+        router,
+        probe_worker,
+        "POST",
+        "/v1/maps",
+        headers={"content-type": "application/json"},
+        content=json.dumps(plain).encode(),
+    )
+    if status != 201:
+        return _error_response(status, content, hdrs)
+    probe = json.loads(content)
+    await _json_reply(router, probe_worker, "DELETE", f"/v1/maps/{probe['id']}")
+    config = probe["config"]
+    halo = sharding.halo_for(config)
+    tile_m = sharding.TILE_VOXELS * float(config["voxel_size_m"])
+    tiles = (
+        max(1, round(float(block_m) / tile_m))
+        if block_m is not None
+        else sharding.default_block_tiles(config["voxel_size_m"], halo)
+    )
+    map_id = new_sharded_id()
+    name = name or map_id
+    workers = order[:k]
+    budget = body.get("memory_budget_bytes")
+    ids = []
+    try:
+        for i, w in enumerate(workers):
+            spec = sharding.ShardSpec(i, k, tiles, halo, map_id, name)
+            cfg = {**config, "shard": spec.to_dict()}
+            summ = await asyncio.wait_for(
+                _await(router.workers[w].actor.create_map.remote(f"{map_id}.s{i}", cfg, budget)), 300
+            )
+            ids.append(summ["id"])
+    except Exception:
+        for i, mid in enumerate(ids):  # all or nothing
+            await _json_reply(router, workers[i], "DELETE", f"/v1/maps/{mid}")
+        raise
+    sm = ShardedMap(
+        map_id,
+        name,
+        {**config, "shard": sharding.ShardSpec(0, k, tiles, halo, map_id, name).to_dict()},
+        list(workers),
+        ids,
+    )
+    router.sharded[map_id] = sm
+    parts = await asyncio.gather(*(_summary_of(router, sm, i) for i in range(k)))
+    sm.created = parts[0].get("created")
+    return JSONResponse(summary(sm, parts), status_code=201)
+
+
+def _all_maps(router):
+    return list(router.routes.values()) + list(router.sharded.values())
+
+
+async def _await(ref):
+    return await ref
+
+
+async def _summary_of(router, sm: ShardedMap, i: int, detail: bool = False) -> dict:
+    status, content, _ = await _json_reply(router, sm.workers[i], "GET", f"/v1/maps/{sm.ids[i]}")
+    if status != 200:
+        from ..api.errors import Unavailable
+
+        raise Unavailable(f"shard {i} of map {sm.id!r} answered {status}; retry")
+    out = json.loads(content)
+    if not detail:
+        out.pop("stats", None)
+        out.pop("snapshot", None)
+    return out
+
+
+async def get_map(router, sm: ShardedMap):
+    from fastapi.responses import JSONResponse
+
+    parts = await asyncio.gather(*(_summary_of(router, sm, i, True) for i in range(sm.count)))
+    out = summary(sm, parts)
+    stats = [p.get("stats") or {} for p in parts]
+    out["stats"] = {
+        "voxel_size_m": sm.config["voxel_size_m"],
+        "device": ",".join(sorted({str(s.get("device")) for s in stats})),
+        "frames_integrated": out["frames_integrated"],
+        "version": out["version"],
+        "layers": sum_layers([s.get("layers") for s in stats]),
+        "shards": [s.get("layers") for s in stats],
+    }
+    out["snapshot"] = None
+    return JSONResponse(out, headers={"X-Map-Version": str(out["version"])})
+
+
+async def delete(router, sm: ShardedMap):
+    from fastapi.responses import Response
+
+    for i in range(sm.count):
+        status, content, hdrs = await _json_reply(router, sm.workers[i], "DELETE", f"/v1/maps/{sm.ids[i]}")
+        if status not in (204, 404):
+            return _error_response(status, content, hdrs)
+    router.sharded.pop(sm.id, None)
+    return Response(status_code=204)
+
+
+async def integrate(router, sm: ShardedMap, body: bytes, content_type: str, settings) -> tuple[int, dict]:
+    """One frame into a sharded map: (status, ack or error body). The frame is parsed here (its footprint
+    picks the shards) and sent as it came to each of them; 200 once every one has acked it (in its WAL)."""
+    from ..api.errors import error_body, status_of
+
+    try:
+        msg = await asyncio.to_thread(parse_json_or_msgpack, body, content_type)
+        limits = wire.Limits(
+            settings.max_points_per_frame,
+            settings.max_image_pixels,
+            settings.max_query_points,
+            settings.max_pose_translation_m,
+        )
+        frame = await asyncio.to_thread(wire.parse_frame, msg, limits)
+        if frame.T_world_sensor is None:
+            raise InvalidArgument("T_world_sensor: required on a sharded map (its shards do not track)")
+        targets = await asyncio.to_thread(frame_shards, frame, sm.config) or [0]
+    except MapperError as e:
+        return status_of(e), error_body(e)
+    ctype = "application/json" if not content_type else content_type
+
+    async def one(i: int):
+        deadline = asyncio.get_running_loop().time() + BUSY_RETRY_S
+        while True:
+            resp = await router.json(
+                sm.workers[i],
+                "POST",
+                f"/v1/maps/{sm.ids[i]}/frames",
+                headers={"content-type": ctype, "accept": "application/json"},
+                content=body,
+            )
+            if resp.status_code == 429 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)  # not logged there: safe to send again
+                continue
+            return resp.status_code, resp.json()
+
+    async with sm.lock:  # one frame order for every shard
+        results = await asyncio.gather(*(one(i) for i in targets))
+    for status, out in results:
+        if status != 200:
+            out = dict(out)
+            out["detail"] = f"{out.get('detail', '')} (shards {targets}; the others may hold the frame)"
+            return status, out
+    ack = dict(results[0][1])
+    ack["shards"] = {
+        str(i): {"seq": r["seq"], "map_version": r["map_version"]}
+        for i, (_, r) in zip(targets, results, strict=True)
+    }
+    return 200, ack
+
+
+async def query(router, sm: ShardedMap, kind: str, body: bytes, content_type: str, settings) -> dict:
+    """Per-point query: each point to its owner; the answers in the request's order."""
+    msg = await asyncio.to_thread(parse_json_or_msgpack, body, content_type)
+    if not isinstance(msg, dict):
+        raise wire.MalformedMessage(f"body: expected an object, got {type(msg).__name__}")
+    pts = await asyncio.to_thread(
+        wire.check_points, msg.get("points"), "points", settings.max_query_points, False
+    )
+    spec = sm.spec
+    owner = sharding.owner_of_points(pts, sm.config["voxel_size_m"], spec.count, spec.block_tiles).numpy()
+
+    async def one(i: int):
+        rows = np.nonzero(owner == i)[0]
+        resp = await router.json(
+            sm.workers[i],
+            "POST",
+            f"/v1/maps/{sm.ids[i]}/query/{kind}",
+            headers=MSGPACK_HEADERS,
+            content=wire.packb({"points": wire.encode_array(pts[rows])}),
+        )
+        return rows, resp
+
+    parts = await asyncio.gather(*(one(i) for i in sorted(set(owner.tolist()))))
+    for _, resp in parts:
+        if resp.status_code != 200:
+            raise _Upstream(resp)
+    return gather_rows([(rows, decode_arrays(wire.unpackb(resp.content))) for rows, resp in parts], len(pts))
+
+
+class _Upstream(Exception):
+    """A shard's error reply, returned to the client as it is."""
+
+    def __init__(self, resp):
+        super().__init__(resp.status_code)
+        self.resp = resp
+
+
+async def slice_(router, sm: ShardedMap, params: dict) -> dict:
+    """A horizontal ESDF slice over explicit bounds: every shard owning a cell computes the lattice, each
+    cell taken from its owner."""
+    if any(params.get(k) is None for k in ("x_min", "y_min", "x_max", "y_max")):
+        raise InvalidArgument("x_min, y_min, x_max, y_max: required on a sharded map's slice")
+    es = float(sm.config.get("esdf_voxel_size_m") or sm.config["voxel_size_m"])
+    origin, shape, res = slice_lattice(params, es)
+    centres = lattice_centres(origin, res, shape[::-1])  # [w, h, 2] (x, y)
+    spec = sm.spec
+    owner = (
+        sharding.owner_of_points(
+            torch.from_numpy(centres.reshape(-1, 2)), sm.config["voxel_size_m"], spec.count, spec.block_tiles
+        )
+        .numpy()
+        .reshape(shape[1], shape[0])
+        .T
+    )  # [h, w] as the slice
+    q = {**params, "format": "msgpack"}
+    involved = sorted(set(owner.reshape(-1).tolist()))
+    resps = await asyncio.gather(
+        *(router.json(sm.workers[i], "GET", f"/v1/maps/{sm.ids[i]}/esdf/slice", params=q) for i in involved)
+    )
+    for resp in resps:
+        if resp.status_code != 200:
+            raise _Upstream(resp)
+    parts = {i: decode_arrays(wire.unpackb(r.content)) for i, r in zip(involved, resps, strict=True)}
+    return gather_cells(parts, owner, ("distance",))
+
+
+async def box(router, sm: ShardedMap, body: bytes, content_type: str) -> dict:
+    msg = await asyncio.to_thread(parse_json_or_msgpack, body, content_type)
+    from ..api.schemas import BoxRequest
+
+    req = BoxRequest.model_validate(msg)
+    es = float(sm.config.get("esdf_voxel_size_m") or sm.config["voxel_size_m"])
+    shape = tuple(max(1, math.ceil((b - a) / es)) for a, b in zip(req.aabb_min, req.aabb_max, strict=True))
+    centres = lattice_centres(req.aabb_min, es, shape)
+    spec = sm.spec
+    owner = (
+        sharding.owner_of_points(
+            torch.from_numpy(centres.reshape(-1, 3)), sm.config["voxel_size_m"], spec.count, spec.block_tiles
+        )
+        .numpy()
+        .reshape(shape)
+    )
+    involved = sorted(set(owner.reshape(-1).tolist()))
+    resps = await asyncio.gather(
+        *(
+            router.json(
+                sm.workers[i],
+                "POST",
+                f"/v1/maps/{sm.ids[i]}/esdf/box",
+                headers=MSGPACK_HEADERS,
+                content=wire.packb(req.model_dump()),
+            )
+            for i in involved
+        )
+    )
+    for resp in resps:
+        if resp.status_code != 200:
+            raise _Upstream(resp)
+    parts = {i: decode_arrays(wire.unpackb(r.content)) for i, r in zip(involved, resps, strict=True)}
+    return gather_cells(parts, owner, ("distance", "gradient", "observed"))
+
+
+async def mesh(router, sm: ShardedMap):
+    from .. import io
+
+    resps = await asyncio.gather(
+        *(
+            router.json(sm.workers[i], "GET", f"/v1/maps/{sm.ids[i]}/mesh", params={"format": "msgpack"})
+            for i in range(sm.count)
+        )
+    )
+    for resp in resps:
+        if resp.status_code != 200:
+            raise _Upstream(resp)
+    meshes = {i: io.mesh_from_msgpack(r.content) for i, r in enumerate(resps)}
+    spec = sm.spec
+    return await asyncio.to_thread(gather_mesh, meshes, spec.count, spec.block_tiles)
+
+
+async def fan_out(router, sm: ShardedMap, method: str, path: str, body: bytes, headers: dict):
+    """An edit every shard applies the same way (clear, decay, snapshot): sent to all; the first reply
+    with the others' under ``shards``."""
+    from fastapi.responses import JSONResponse
+
+    async with sm.lock:
+        resps = await asyncio.gather(
+            *(
+                router.json(
+                    sm.workers[i], method, f"/v1/maps/{sm.ids[i]}/{path}", headers=headers, content=body
+                )
+                for i in range(sm.count)
+            )
+        )
+    for resp in resps:
+        if resp.status_code >= 300:
+            raise _Upstream(resp)
+    out = dict(resps[0].json())
+    out["shards"] = [r.json() for r in resps]
+    return JSONResponse(out, status_code=resps[0].status_code)

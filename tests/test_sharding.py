@@ -1,0 +1,204 @@
+"""Sharded maps without Ray: the tile -> shard routing against a pure-Python oracle and brute force, the
+frame routing and the gathers (queries, mesh, lattices), and K shards fed through the routing equal to one
+unsharded map (TSDF voxels and values, ESDF, query answers, mesh faces) — mapper.sharding,
+mapper.cluster.shards."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from test_service_helpers import scan
+
+from mapper import Map, sharding, wire
+from mapper.cluster import shards
+from mapper.errors import InvalidArgument, InvalidArgumentType
+
+M32 = 0xFFFFFFFF
+
+
+def mix_oracle(bx: int, by: int) -> int:
+    """The block hash written out on Python ints (no torch)."""
+    h = (bx * 0x9E3779B1 + by * 0x85EBCA77) & M32
+    h ^= h >> 15
+    h = (h * 0x2C1B3C6D) & M32
+    h ^= h >> 12
+    h = (h * 0x297A2D39) & M32
+    return h ^ (h >> 15)
+
+
+def owner_oracle(x: float, y: float, voxel: float, count: int, block_tiles: int) -> int:
+    bx = math.floor(x / voxel) // (32 * block_tiles)
+    by = math.floor(y / voxel) // (32 * block_tiles)
+    return mix_oracle(bx, by) % count
+
+
+def test_owner_of_points_matches_the_oracle():
+    rng = np.random.default_rng(1)
+    pts = rng.uniform(-500, 500, (2000, 3))
+    pts[:10] = [[0, 0, 0], [-1e-9, 0, 0], [3.2, 3.2, 0], [3.19999, -0.0, 1], [-3.2, -3.2, 5]] * 2
+    for voxel, count, tiles in ((0.1, 2, 1), (0.05, 3, 4), (0.25, 5, 2)):
+        got = sharding.owner_of_points(pts, voxel, count, tiles).tolist()
+        want = [owner_oracle(x, y, voxel, count, tiles) for x, y, _ in pts]
+        assert got == want
+        assert set(got) == set(range(count))  # every shard owns something over 1 km
+    # bricks: the owner of a brick is the owner of its voxels' centres
+    bricks = torch.from_numpy(rng.integers(-3000, 3000, (500, 3)))
+    centres = (bricks.double() * 4 + 2) * 0.1
+    assert torch.equal(sharding.owner_of_bricks(bricks, 3, 2), sharding.owner_of_points(centres, 0.1, 3, 2))
+
+
+def test_shards_touching_and_keeps_against_brute_force():
+    rng = np.random.default_rng(2)
+    voxel, count, tiles = 0.1, 3, 1  # blocks of 3.2 m
+    for _ in range(40):
+        lo = rng.uniform(-20, 20, 2)
+        hi = lo + rng.uniform(0, 8, 2)
+        xs = np.linspace(lo[0], hi[0], 60)
+        ys = np.linspace(lo[1], hi[1], 60)
+        g = np.stack(np.meshgrid(xs, ys, indexing="ij"), -1).reshape(-1, 2)
+        brute = {owner_oracle(x, y, voxel, count, tiles) for x, y in g}
+        assert sharding.shards_touching(lo, hi, voxel, count, tiles) == sorted(brute)
+    spec = sharding.ShardSpec(1, count, tiles, halo_m=1.3)
+    p = torch.from_numpy(rng.uniform(-15, 15, (300, 2)))
+    got = spec.keeps(p, voxel)
+    d = np.linspace(-1.3, 1.3, 41)  # 6.5 cm steps: no 3.2 m block is missed
+    for (x, y), k in zip(p.tolist(), got.tolist(), strict=True):
+        want = any(owner_oracle(x + a, y + b, voxel, count, tiles) == 1 for a in d for b in d)
+        assert k == want, (x, y)
+    assert 0 < int(got.sum()) < 300
+
+
+def test_shard_spec_and_create_request_errors():
+    with pytest.raises(InvalidArgument, match="index 3 is not in 0..count-1"):
+        sharding.ShardSpec.from_dict({"index": 3, "count": 3, "block_tiles": 1, "halo_m": 1.0})
+    with pytest.raises(InvalidArgument, match="unknown keys"):
+        sharding.ShardSpec.from_dict({"index": 0, "count": 1, "block_tiles": 1, "halo_m": 1, "x": 1})
+    with pytest.raises(InvalidArgument, match="halo_m is required"):
+        sharding.ShardSpec.from_dict({"index": 0, "count": 1, "block_tiles": 1})
+    with pytest.raises(InvalidArgumentType, match="count must be an int"):
+        sharding.ShardSpec.from_dict({"index": 0, "count": True, "block_tiles": 1, "halo_m": 1})
+    with pytest.raises(InvalidArgument, match="block_tiles must be >= 1"):
+        Map(voxel_size_m=0.1, device="cpu", shard={"index": 0, "count": 2, "block_tiles": 0, "halo_m": 1})
+    for k, msg in ((0, ">= 1, got 0"), (4, "4 shards need 4 map workers; this cluster has 3"), ("2", "'2'")):
+        with pytest.raises(InvalidArgument, match=msg):
+            shards.check_shards({"shards": k}, 3)
+    with pytest.raises(InvalidArgument, match="keep_radius_m"):
+        shards.check_shards({"shards": 2, "keep_radius_m": 5.0}, 3)
+    assert shards.check_shards({"shards": 2}, 2) == 2 and shards.check_shards({}, 2) is None
+
+
+def test_gather_rows_and_cells_by_hand():
+    parts = [
+        (np.array([1, 3]), {"distance": np.array([1.0, 3.0]), "map_version": 4, "x": "a"}),
+        (np.array([0, 2]), {"distance": np.array([0.5, 2.0]), "map_version": 5, "x": "b"}),
+    ]
+    out = shards.gather_rows(parts, 4)
+    assert out["distance"].tolist() == [0.5, 1.0, 2.0, 3.0]
+    assert out["map_version"] == 9 and out["x"] == "a"
+    owner = np.array([[0, 1], [1, 0]])
+    cells = shards.gather_cells(
+        {
+            0: {"distance": np.zeros((2, 2)), "map_version": 1},
+            1: {"distance": np.ones((2, 2)), "map_version": 2},
+        },
+        owner,
+        ("distance",),
+    )
+    assert cells["distance"].tolist() == [[0, 1], [1, 0]] and cells["map_version"] == 3
+    c = shards.lattice_centres((1.0, 2.0), 0.5, (2, 3))
+    assert c.shape == (2, 3, 2) and c[1, 2].tolist() == [1.75, 3.25]
+
+
+CFG = dict(voxel_size_m=0.25, layers=["tsdf", "esdf"], esdf_max_distance_m=1.0)
+
+
+def frames(n: int):
+    out = []
+    for i in range(n):
+        pts, T = scan(i, n=900, seed=3)
+        T = T.copy()
+        T[0, 3] = 4.0 * i  # drive 4 m per frame: the map spans several blocks
+        T[1, 3] = -1.0 * i
+        out.append(wire.LidarFrame(pts, T))
+    return out
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_shards_fed_through_the_routing_equal_one_map(k):
+    """K shard maps, each fed only the frames ``frame_shards`` sends it, answer like one map at every point
+    they own: TSDF voxels (set and values), TSDF / ESDF queries, and the gathered mesh has the same faces."""
+    fr = frames(5)
+    full = Map(**CFG, device="cpu")
+    cfg = full.config()
+    halo = sharding.halo_for(cfg)
+    spec = lambda i: sharding.ShardSpec(i, k, 1, halo, "m", "m").to_dict()  # noqa: E731  8 m blocks
+    parts = [Map(**{**cfg, "shard": spec(i)}, device="cpu") for i in range(k)]
+    sent = [0] * k
+    for f in fr:
+        full.integrate_lidar(f.points, f.T_world_sensor)
+        targets = shards.frame_shards(f, parts[0].config())
+        assert targets, "every frame reaches a shard"
+        for i in targets:
+            parts[i].integrate_lidar(f.points, f.T_world_sensor)
+            sent[i] += 1
+    assert Map(**parts[1].config(), device="cpu").shard == parts[1].shard  # config round trip
+    g, d = full.layer("tsdf")
+    own = sharding.owner_of_points((g.ijk.double() + 0.5) * 0.25, 0.25, k, 1)
+    assert all(int((own == i).sum()) > 100 for i in range(k)), "each shard owns part of the map"
+    for i, m in enumerate(parts):
+        mine = own == i
+        gi, di = m.layer("tsdf")
+        ref = {
+            tuple(v): (t, w)
+            for v, t, w in zip(
+                g.ijk[mine].tolist(), d["tsdf"][mine].tolist(), d["weight"][mine].tolist(), strict=True
+            )
+        }
+        keep = sharding.owner_of_points((gi.ijk.double() + 0.5) * 0.25, 0.25, k, 1) == i
+        got = {
+            tuple(v): (t, w)
+            for v, t, w in zip(
+                gi.ijk[keep].tolist(), di["tsdf"][keep].tolist(), di["weight"][keep].tolist(), strict=True
+            )
+        }
+        assert got == ref  # the same voxels, bit-equal values and weights
+        assert m.bricks["tsdf"] <= full.bricks["tsdf"]
+    assert min(m.bricks["tsdf"] for m in parts) < full.bricks["tsdf"]  # bricks far outside a shard: freed
+    # queries routed per point, gathered in order
+    rng = np.random.default_rng(5)
+    lo, hi = (g.ijk.min(0).values.double() * 0.25).numpy(), (g.ijk.max(0).values.double() * 0.25).numpy()
+    pts = rng.uniform(lo, hi, (4000, 3)).astype(np.float32)
+    owner = sharding.owner_of_points(pts, 0.25, k, 1).numpy()
+    for kind in ("tsdf", "distance"):
+        fn = "query_tsdf" if kind == "tsdf" else "query_distance"
+        ref = getattr(full, fn)(torch.from_numpy(pts))
+        got = shards.gather_rows(
+            [
+                (
+                    np.nonzero(owner == i)[0],
+                    {
+                        str(j): a.numpy()
+                        for j, a in enumerate(getattr(parts[i], fn)(torch.from_numpy(pts[owner == i])))
+                    },
+                )
+                for i in range(k)
+            ],
+            len(pts),
+        )
+        for j, a in enumerate(ref):
+            np.testing.assert_array_equal(got[str(j)], a.numpy())
+    mesh = shards.gather_mesh({i: parts[i].mesh() for i in range(k)}, k, 1)
+    ref = full.mesh()
+
+    def faces(m):
+        return sorted(map(tuple, torch.sort(m.vertex_keys[m.faces.long()], dim=1).values.tolist()))
+
+    assert ref.num_faces > 100 and faces(mesh) == faces(ref)
+    assert torch.equal(mesh.blocks, ref.blocks) and torch.equal(
+        mesh.block_face_offsets, ref.block_face_offsets
+    )
+    i = torch.searchsorted(ref.vertex_keys, mesh.vertex_keys)
+    torch.testing.assert_close(mesh.vertices, ref.vertices[i], rtol=0, atol=0)
