@@ -1,4 +1,4 @@
-"""``mapper serve --ray`` on a local Ray cluster (2 CPU map workers), through the real HTTP/WebSocket API:
+"""``mapper serve --ray`` on a local Ray cluster (3 CPU map workers), through the real HTTP/WebSocket API:
 maps land on different workers and answer as a map built here from the same frames; a worker killed with
 SIGKILL mid-stream is restarted by Ray, loses no acknowledged frame and answers again within 60 s; a map
 moved between workers mid-stream loses nothing. Bounded: the whole module dies after WATCHDOG_S."""
@@ -83,7 +83,7 @@ def cluster(tmp_path_factory):
         malloc_trim_s=0,
     )
     try:
-        with serve(create_cluster_app(settings, workers=2)) as url:
+        with serve(create_cluster_app(settings, workers=3)) as url:
             yield url, root
     finally:
         ray.shutdown()
@@ -129,9 +129,9 @@ def test_cluster_auth_and_workers(cluster, tmp_path):
         == 401
     )
     info = cluster_info(url)
-    assert len(info["workers"]) == 2
+    assert len(info["workers"]) == 3
     pids = {w["pid"] for w in info["workers"]}
-    assert len(pids) == 2 and os.getpid() not in pids
+    assert len(pids) == 3 and os.getpid() not in pids
     for w in info["workers"]:
         assert w["device"] == "cpu" and w["memory"]["budget_bytes"] > 0 and w["frames_per_s"] >= 0
     # a read token cannot write through the ingress; bad input gets the single-process app's errors
@@ -142,9 +142,15 @@ def test_cluster_auth_and_workers(cluster, tmp_path):
         with pytest.raises(ApiError) as e:
             c.create_map(name="bad", voxel_size_m=-1)
         assert e.value.status == 422
-        with pytest.raises(ApiError) as e:  # sharded maps are not built: refused, never half-served
-            c.create_map(name="sharded", shards=2, **CONFIG)
-        assert e.value.status == 422 and "shards" in e.value.detail
+        for k, msg in (
+            (0, "shards"),
+            (4, "4 shards need 4 map workers; this cluster has 3"),
+            (True, "shards"),
+        ):
+            with pytest.raises(ApiError) as e:  # a bad K: refused, nothing created
+                c.create_map(name="sharded", shards=k, **CONFIG)
+            assert e.value.status == 422 and msg in e.value.detail, e.value.detail
+        assert c.find_map("sharded") is None
         with pytest.raises(ApiError) as e:
             c.get_map("no-such-map")
         assert e.value.status == 404
@@ -345,8 +351,8 @@ def test_move_mid_stream_loses_nothing(cluster, tmp_path):
                     http_acks.append(c2.send_lidar(hid, *scan(i + 300)))
 
         threads = [
-            threading.Thread(target=move, args=(mid, 1 - src, acks, 8)),
-            threading.Thread(target=move, args=(hid, 1 - hsrc, http_acks, 4)),
+            threading.Thread(target=move, args=(mid, (src + 1) % 3, acks, 8)),
+            threading.Thread(target=move, args=(hid, (hsrc + 1) % 3, http_acks, 4)),
             threading.Thread(target=post),
         ]
         for t in threads:
@@ -359,7 +365,7 @@ def test_move_mid_stream_loses_nothing(cluster, tmp_path):
             acks.extend(s.flush())
         for t in threads:
             t.join(120)
-        for map_id, target in ((mid, 1 - src), (hid, 1 - hsrc)):
+        for map_id, target in ((mid, (src + 1) % 3), (hid, (hsrc + 1) % 3)):
             r, done_at = moved[map_id]
             assert r.status_code == 200, r.text
             assert r.json()["worker"] == target and owner(url, map_id)["worker"] == target
@@ -482,3 +488,85 @@ def test_errors_and_answers_match_mapper_serve(cluster, tmp_path):
                 assert a.json()["type"] == b.json()["type"], (m, path, a.text, b.text)
             elif "query" in path:
                 assert a.json() == b.json(), (path, a.text, b.text)
+
+
+def drive(i: int):
+    """A frame of a drive 4 m / frame along x (1 m along -y): the map spans several 8 m blocks."""
+    pts, T = scan(i, n=900, seed=3)
+    T = T.copy()
+    T[0, 3], T[1, 3] = 4.0 * i, -1.0 * i
+    return pts, T
+
+
+def test_sharded_maps_answer_as_one_map(cluster, tmp_path):
+    """K = 2 and K = 3 shards (8 m blocks) fed the same frames as an unsharded map (HTTP and a stream) give
+    the same TSDF at every voxel of the unsharded map, the same query answers, ESDF box and slice, and the
+    same mesh; each shard sits on its own worker and holds less than the whole map."""
+    url, _ = cluster
+    n = 5
+    with MapperClient(url, token=TOKEN) as c:
+        flat = c.create_map(name="flat", **CONFIG)["id"]
+        sh = {k: c.create_map(name=f"sharded{k}", shards=k, shard_block_m=8.0, **CONFIG) for k in (2, 3)}
+        for k, m in sh.items():
+            assert m["config"]["shards"] == k and len({p["worker"] for p in m["shards"]}) == k
+        with pytest.raises(ApiError) as e:  # frames of a sharded map need a pose
+            c.send_lidar(sh[2]["id"], drive(0)[0])
+        assert e.value.status == 422 and "T_world_sensor" in e.value.detail
+        for i in range(n):
+            c.send_lidar(flat, *drive(i))
+            ack = c.send_lidar(sh[2]["id"], *drive(i), frame_id=f"f{i}")
+            assert ack["frame_id"] == f"f{i}" and ack["shards"]
+        acks = []
+        with c.stream(sh[3]["id"], window=4) as s:
+            for i in range(n):
+                acks += s.send_lidar(*drive(i), frame_id=f"s{i}")
+            acks += s.flush()
+        assert [a["frame_id"] for a in acks] == [f"s{i}" for i in range(n)]
+        assert {m["name"] for m in c.list_maps()} >= {"flat", "sharded2", "sharded3"}
+        ref = served_map(c, flat, tmp_path / "flat.st")
+        g, d = ref.layer("tsdf")
+        centres = ((g.ijk.double() + 0.5) * CONFIG["voxel_size_m"]).float().numpy()
+        rng = np.random.default_rng(7)
+        lo, hi = centres.min(0), centres.max(0)
+        pts = rng.uniform(lo, hi, (3000, 3)).astype(np.float32)
+        c_ref = c.query_tsdf(flat, centres)  # at every voxel centre of the unsharded map
+        assert (c_ref[1] > 0).sum() > 1000
+        d_ref = c.query_distance(flat, pts)
+        t_ref = c.query_tsdf(flat, pts)
+        box_lo, box_hi = [lo[0] + 4, lo[1] + 4, lo[2]], [lo[0] + 14, lo[1] + 14, hi[2]]
+        box_ref = c.esdf_box(flat, box_lo, box_hi)
+        bounds = ((float(lo[0]), float(lo[1])), (float(hi[0]), float(hi[1])))
+        slice_ref = c.esdf_slice(flat, z=0.5, bounds=bounds)
+        mesh_ref = c.mesh(flat)
+
+        def faces(m):
+            v = np.round(m["vertices"].astype(np.float64), 5)[m["faces"].astype(np.int64)]
+            return sorted(tuple(sorted(map(tuple, f))) for f in v.tolist())
+
+        for k, m in sh.items():
+            mid = m["id"]
+            for a, b in zip(c.query_tsdf(mid, centres), c_ref, strict=True):
+                np.testing.assert_array_equal(a, b)
+            for a, b in zip(c.query_tsdf(mid, pts), t_ref, strict=True):
+                np.testing.assert_array_equal(a, b)
+            for a, b in zip(c.query_distance(mid, pts), d_ref, strict=True):
+                np.testing.assert_array_equal(a, b)
+            box = c.esdf_box(mid, box_lo, box_hi)
+            for key in ("distance", "gradient", "observed"):
+                np.testing.assert_array_equal(box[key], box_ref[key])
+            sl = c.esdf_slice(mid, z=0.5, bounds=bounds)
+            np.testing.assert_array_equal(sl.distance, slice_ref.distance)
+            assert c.esdf_slice_png(mid, z=0.5, bounds=bounds)[:8] == b"\x89PNG\r\n\x1a\n"
+            mesh = c.mesh(mid)
+            assert len(mesh["faces"]) == len(mesh_ref["faces"]) > 100 and faces(mesh) == faces(mesh_ref)
+            detail = c.get_map(mid)
+            assert detail["frames_integrated"] <= n and detail["stats"]["layers"]["tsdf"]["voxels"] > 0
+            per = [p["memory_bytes"] for p in detail["shards"]]
+            assert len(per) == k and all(p > 0 for p in per)
+            with pytest.raises(ApiError) as e:
+                c.mesh(mid, since_version=1)
+            assert e.value.status == 422
+        c.delete_map(sh[2]["id"])
+        with pytest.raises(ApiError) as e:
+            c.get_map(sh[2]["id"])
+        assert e.value.status == 404

@@ -609,9 +609,18 @@ async def slice_(router, sm: ShardedMap, params: dict) -> dict:
 
 async def box(router, sm: ShardedMap, body: bytes, content_type: str) -> dict:
     msg = await asyncio.to_thread(parse_json_or_msgpack, body, content_type)
+    from pydantic import ValidationError
+
     from ..api.schemas import BoxRequest
 
-    req = BoxRequest.model_validate(msg)
+    try:
+        req = BoxRequest.model_validate(msg)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first.get("loc", ()))
+        raise InvalidArgument(
+            f"body.{loc}: {first.get('msg')}" if loc else f"body: {first.get('msg')}"
+        ) from None
     es = float(sm.config.get("esdf_voxel_size_m") or sm.config["voxel_size_m"])
     shape = tuple(max(1, math.ceil((b - a) / es)) for a, b in zip(req.aabb_min, req.aabb_max, strict=True))
     centres = lattice_centres(req.aabb_min, es, shape)
@@ -630,8 +639,8 @@ async def box(router, sm: ShardedMap, body: bytes, content_type: str) -> dict:
                 sm.workers[i],
                 "POST",
                 f"/v1/maps/{sm.ids[i]}/esdf/box",
-                headers=MSGPACK_HEADERS,
-                content=wire.packb(req.model_dump()),
+                headers={"content-type": "application/json", "accept": wire.MSGPACK},
+                content=json.dumps(req.model_dump()).encode(),
             )
             for i in involved
         )
