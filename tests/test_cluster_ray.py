@@ -492,7 +492,7 @@ def test_errors_and_answers_match_mapper_serve(cluster, tmp_path):
 
 def drive(i: int):
     """A frame of a drive 4 m / frame along x (1 m along -y): the map spans several 8 m blocks."""
-    pts, T = scan(i, n=900, seed=3)
+    pts, T = scan(i, n=700, seed=3)
     T = T.copy()
     T[0, 3], T[1, 3] = 4.0 * i, -1.0 * i
     return pts, T
@@ -503,7 +503,7 @@ def test_sharded_maps_answer_as_one_map(cluster, tmp_path):
     the same TSDF at every voxel of the unsharded map, the same query answers, ESDF box and slice, and the
     same mesh; each shard sits on its own worker and holds less than the whole map."""
     url, _ = cluster
-    n = 5
+    n = 4
     with MapperClient(url, token=TOKEN) as c:
         flat = c.create_map(name="flat", **CONFIG)["id"]
         sh = {k: c.create_map(name=f"sharded{k}", shards=k, shard_block_m=8.0, **CONFIG) for k in (2, 3)}

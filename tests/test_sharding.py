@@ -202,3 +202,27 @@ def test_shards_fed_through_the_routing_equal_one_map(k):
     )
     i = torch.searchsorted(ref.vertex_keys, mesh.vertex_keys)
     torch.testing.assert_close(mesh.vertices, ref.vertices[i], rtol=0, atol=0)
+
+
+def test_group_shards_rebuilds_sharded_routes_from_worker_lists():
+    """After an ingress restart the routes come from the workers' map lists: shards grouped by their map
+    id in index order; a map with a shard missing is not served; ordinary maps are left out."""
+
+    def shard(i, k, mid):
+        spec = sharding.ShardSpec(i, k, 2, 1.5, mid, f"name-{mid}").to_dict()
+        return {"id": f"x{mid}{i}", "name": f"{mid}.s{i}", "config": {**CFG, "shard": spec}, "created": "t"}
+
+    found = {
+        "plain": (0, {"id": "plain", "name": "plain", "config": dict(CFG)}),
+        "xa1": (2, shard(1, 2, "a")),
+        "xa0": (1, shard(0, 2, "a")),
+        "xb0": (0, shard(0, 3, "b")),  # b's shards 1 and 2 are not answering
+        "xb2": (1, shard(2, 3, "b")),
+    }
+    maps, seen = shards.group_shards(found)
+    assert set(maps) == {"a"} and seen == {"xa0", "xa1", "xb0", "xb2"}
+    a = maps["a"]
+    assert a.ids == ["xa0", "xa1"] and a.workers == [1, 2] and a.name == "name-a" and a.count == 2
+    s = shards.summary(a, [{"frames_integrated": 3, "version": 4, "memory_bytes": 10}, {"version": 1}])
+    assert s["config"]["shards"] == 2 and "shard" not in s["config"] and s["memory_bytes"] == 10
+    assert s["frames_integrated"] == 3 and s["version"] == 5 and [p["worker"] for p in s["shards"]] == [1, 2]
