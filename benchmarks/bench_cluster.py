@@ -4,7 +4,7 @@ markdown report.
 
     python benchmarks/bench_cluster.py --device cpu --out benchmarks/results/cluster_cpu.md
     python benchmarks/bench_cluster.py --device cuda --out $OUT/cluster_h200.md   # workers share the GPU
-    python benchmarks/bench_cluster.py --sharded --out benchmarks/results/cluster_sharded_cpu.md
+    python benchmarks/bench_cluster.py --sharded --out benchmarks/results/cluster_cpu.md   # appends
 
 ``--sharded``: one 1 cm map larger than one worker's memory budget (``--budget-mib`` per worker): fed
 unsharded it is refused with 507 once it outgrows the budget; split over ``--shards`` workers every frame is
@@ -125,16 +125,19 @@ def run_case(url: str, clients: int, frames: list[bytes], warmup_s: float, measu
     }
 
 
-def drive_scan(i: int, n: int, step_m: float) -> tuple[np.ndarray, np.ndarray]:
-    """A LiDAR-like scan (sensor frame) of a ground disk (3 m radius, 1 m below) and a wall 2.5 m to the
-    left, from a pose driving ``step_m`` along x per frame: a 1 cm map that grows with every frame."""
+def drive_scan(i: int, n: int, step_m: float, radius_m: float = 1.5) -> tuple[np.ndarray, np.ndarray]:
+    """A LiDAR-like scan (sensor frame) of a ground disk (``radius_m``, 1 m below) and a wall at 0.8
+    ``radius_m`` to the left, from a pose driving ``step_m`` along x per frame: a 1 cm map that grows with
+    every frame while each frame stays small."""
     rng = np.random.default_rng(i)
     m = n * 3 // 4
-    r = 3.0 * np.sqrt(rng.uniform(0.02, 1, m))
+    r = radius_m * np.sqrt(rng.uniform(0.02, 1, m))
     a = rng.uniform(-np.pi, np.pi, m)
     ground = np.stack([r * np.cos(a), r * np.sin(a), np.full(m, -1.0)], 1)
     k = n - m
-    wall = np.stack([rng.uniform(-3, 3, k), np.full(k, 2.5), rng.uniform(-1, 1.5, k)], 1)
+    wall = np.stack(
+        [rng.uniform(-radius_m, radius_m, k), np.full(k, 0.8 * radius_m), rng.uniform(-1, 1.0, k)], 1
+    )
     T = np.eye(4)
     T[0, 3] = step_m * i
     return np.concatenate([ground, wall]).astype(np.float32), T
@@ -145,7 +148,7 @@ def run_sharded(args) -> str:
     import ray
     import torch
 
-    from mapper import Map
+    from mapper import Map, sharding
     from mapper.client import ApiError
     from mapper.cluster.ingress import create_cluster_app
     from mapper.settings import Settings
@@ -198,15 +201,29 @@ def run_sharded(args) -> str:
                 for pts, T in scans:
                     ref.integrate_lidar(pts, T)
                 rng = np.random.default_rng(0)
-                q = rng.uniform([-3, -3, -1.1], [args.step * args.frames + 3, 3, 1.6], (20000, 3))
-                q = q.astype(np.float32)
-                # points near the surfaces, where the TSDF is observed
-                q[::2, 2] = -1.0 + rng.uniform(-0.02, 0.02, 10000)
+                # points where the trilinear TSDF query is defined (its 8 voxels observed): the common
+                # corners of observed voxels of the local map, kept where it answers; plus random points
+                g, d = ref.layer("tsdf")
+                seen = g.ijk[d["weight"] > 0]
+                pick = torch.from_numpy(rng.choice(seen.shape[0], min(400_000, seen.shape[0]), replace=False))
+                corners = ((seen[pick].double() + 1) * args.voxel).float()
+                corners = corners[ref.query_tsdf(corners)[1] > 0][:20000]
+                rand = rng.uniform([-2, -2, -1.1], [args.step * args.frames + 2, 2, 1.1], (5000, 3))
+                q = np.concatenate([corners.numpy(), rand.astype(np.float32)])
                 t, w = c.query_tsdf(sm["id"], q)
                 t_ref, w_ref = (x.numpy() for x in ref.query_tsdf(torch.from_numpy(q)))
                 both = (w > 0) & (w_ref > 0)
                 out["check"] = {
                     "points": len(q),
+                    "shard_owners": [
+                        int(x)
+                        for x in np.bincount(
+                            sharding.owner_of_points(
+                                q, args.voxel, args.shards, detail["config"]["shard_block_tiles"]
+                            ).numpy(),
+                            minlength=args.shards,
+                        )
+                    ],
                     "observed": int((w_ref > 0).sum()),
                     "weight_mismatch": int(((w > 0) != (w_ref > 0)).sum()),
                     "max_tsdf_diff": float(np.abs(t[both] - t_ref[both]).max()) if both.any() else 0.0,
@@ -233,7 +250,7 @@ def run_sharded(args) -> str:
         f"- command: `python {' '.join(sys.argv)}`",
         f"- {args.shards} CPU map workers, each with MAPPER_MEMORY_BUDGET_BYTES = {args.budget_mib} MiB; map "
         f"{args.voxel * 100:g} cm voxels, tsdf only; {args.frames} LiDAR frames of {args.points} points "
-        f"(ground disk r = 3 m + a wall), driving {args.step:g} m per frame; sharded: K = {args.shards}, "
+        f"(ground disk r = 1.5 m + a wall), driving {args.step:g} m per frame; sharded: K = {args.shards}, "
         f"blocks of {args.block:g} m; frames over HTTP, one after another",
         "",
         "| case | frames acked | map bytes | result |",
@@ -252,7 +269,8 @@ def run_sharded(args) -> str:
         f"{ck['ref_voxels']} TSDF voxels = {ck['ref_bytes'] / max(ck['ref_voxels'], 1):.2f} B per allocated "
         f"voxel (CPU pools); the shards together hold {sh['voxels']} voxels "
         f"({sh['voxels'] / max(ck['ref_voxels'], 1):.2f}x: halos and blocks shared at borders)",
-        f"- answers: query_tsdf at {ck['points']} points ({ck['observed']} observed) through the ingress vs "
+        f"- answers: query_tsdf at {ck['points']} points ({ck['observed']} observed: common corners of "
+        f"observed voxels + 5000 random; owned by shards {ck['shard_owners']}) through the ingress vs "
         f"that local map: {ck['weight_mismatch']} observed/unobserved mismatches, max |tsdf diff| "
         f"{ck['max_tsdf_diff']:.3g} m, max |weight diff| {ck['max_weight_diff']:.3g}",
     ]
@@ -270,22 +288,23 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--sharded", action="store_true", help="the sharded-map case instead (module doc)")
-    ap.add_argument("--shards", type=int, default=2)
-    ap.add_argument("--budget-mib", type=int, default=48)
-    ap.add_argument("--frames", type=int, default=16)
-    ap.add_argument("--step", type=float, default=2.0)
+    ap.add_argument("--shards", type=int, default=3)
+    ap.add_argument("--budget-mib", type=int, default=40)
+    ap.add_argument("--frames", type=int, default=60)
+    ap.add_argument("--step", type=float, default=1.0)
     ap.add_argument("--block", type=float, default=2.0)
     args = ap.parse_args()
     if args.sharded:
         if args.voxel == 0.3:
             args.voxel = 0.01
         if args.points == 4000:
-            args.points = 20000
+            args.points = 1500
         text = run_sharded(args)
         print(text)
-        if args.out:
+        if args.out:  # appended: the file keeps the worker-count table
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(text)
+            old = args.out.read_text() if args.out.exists() else ""
+            args.out.write_text(old + ("\n" if old else "") + text.replace("# Sharded", "## Sharded", 1))
         return
 
     import ray
