@@ -566,6 +566,12 @@ def test_sharded_maps_answer_as_one_map(cluster, tmp_path):
             with pytest.raises(ApiError) as e:
                 c.mesh(mid, since_version=1)
             assert e.value.status == 422
+        r = httpx.post(
+            f"{url}/v1/maps/{sh[3]['id']}/move",
+            json={"worker": 0},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+        assert r.status_code == 422 and "sharded" in r.json()["detail"]
         c.delete_map(sh[2]["id"])
         with pytest.raises(ApiError) as e:
             c.get_map(sh[2]["id"])

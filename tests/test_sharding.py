@@ -257,3 +257,17 @@ def test_a_shard_recovers_from_its_wal_as_it_was(tmp_path):
         for f in frames(4):
             full.integrate_lidar(f.points, f.T_world_sensor)
         assert live.bricks["tsdf"] < full.bricks["tsdf"]  # the prune ran, live and in the replay
+
+
+def test_mapper_serve_without_ray_refuses_shards(tmp_path):
+    from test_service_helpers import client
+
+    with client(tmp_path) as c:
+        r = c.post("/v1/maps", json={"voxel_size_m": 0.25, "shards": 2})
+        assert r.status_code == 422 and "mapper serve --ray" in r.json()["detail"]
+        for bad in (0, "2", 1.5, True):
+            r = c.post("/v1/maps", json={"voxel_size_m": 0.25, "shards": bad})
+            assert r.status_code == 422 and "shards" in r.text, (bad, r.text)
+        r = c.post("/v1/maps", json={"voxel_size_m": 0.25, "shards": 1})  # one shard: an ordinary map
+        assert r.status_code == 201 and "shard" not in r.json()["config"]
+        assert c.get("/v1/maps").json()["maps"][0]["id"] == r.json()["id"]

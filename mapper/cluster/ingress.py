@@ -292,6 +292,10 @@ class Router:
 
         if not 0 <= target < len(self.workers):
             raise InvalidArgument(f"worker: {target} is not a worker (0..{len(self.workers) - 1})")
+        if map_id in self.sharded:
+            raise InvalidArgument(
+                f"map {map_id!r} is sharded: its shards do not move (README 'Sharded maps')"
+            )
         async with self.lock:
             r = self.route(map_id)
             src = r.worker
