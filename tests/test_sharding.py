@@ -271,3 +271,46 @@ def test_mapper_serve_without_ray_refuses_shards(tmp_path):
         r = c.post("/v1/maps", json={"voxel_size_m": 0.25, "shards": 1})  # one shard: an ordinary map
         assert r.status_code == 201 and "shard" not in r.json()["config"]
         assert c.get("/v1/maps").json()["maps"][0]["id"] == r.json()["id"]
+
+
+def owned_voxels(m: Map, i: int, k: int, tiles: int) -> dict:
+    g, d = m.layer("tsdf")
+    s = m.voxel_size_m
+    own = sharding.owner_of_points((g.ijk.double() + 0.5) * s, s, k, tiles) == i
+    return {
+        tuple(v): (t, w)
+        for v, t, w in zip(
+            g.ijk[own].tolist(), d["tsdf"][own].tolist(), d["weight"][own].tolist(), strict=True
+        )
+    }
+
+
+def test_depth_frames_through_the_routing_equal_one_map():
+    """Depth frames (a camera looking down at a ground and a box while moving 10 m per frame): the footprint
+    of the pixels picks the shards, and every shard's own voxels equal one map's."""
+    h, w, f = 48, 64, 40.0
+    K = np.array([f, f, w / 2, h / 2])
+    v, u = np.mgrid[0:h, 0:w]
+    depth = np.full((h, w), 2.5, np.float32)
+    depth[10:30, 20:40] = 2.0  # a box on the ground
+    cfg = dict(voxel_size_m=0.1, layers=["tsdf"])
+    full = Map(**cfg, device="cpu")
+    k, tiles = 2, 3  # 9.6 m blocks
+    halo = sharding.halo_for(full.config())
+    parts = [
+        Map(**cfg, shard=sharding.ShardSpec(i, k, tiles, halo).to_dict(), device="cpu") for i in range(k)
+    ]
+    sent = [0] * k
+    for step in range(8):
+        T = np.eye(4)
+        T[:3, :3] = [[1, 0, 0], [0, -1, 0], [0, 0, -1]]  # looking down (OpenCV axes: z forward)
+        T[:3, 3] = [10.0 * step, 0.5 * step, 2.5]
+        frame = wire.DepthFrame(depth, K, T)
+        full.integrate_depth(depth, K, T)
+        for i in shards.frame_shards(frame, parts[0].config()):
+            parts[i].integrate_depth(depth, K, T)
+            sent[i] += 1
+    assert 0 < min(sent) < 8  # a shard skips the frames that cannot reach its blocks
+    for i in range(k):
+        mine = owned_voxels(parts[i], i, k, tiles)
+        assert len(mine) > 500 and mine == owned_voxels(full, i, k, tiles)
