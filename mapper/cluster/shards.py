@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .. import sharding, wire
-from ..errors import InvalidArgument, MapperError, NotFound
+from ..errors import InvalidArgument, MapperError
 
 BUSY_RETRY_S = 120.0  # a shard's full queue: the frame is retried this long before its 429 is returned
 
@@ -340,19 +340,6 @@ def slice_lattice(
     w = max(1, math.ceil((float(params["x_max"]) - x0) / res))
     h = max(1, math.ceil((float(params["y_max"]) - y0) / res))
     return (x0, y0), (h, w), res
-
-
-__all__ = [
-    "MapperError",
-    "NotFound",
-    "ShardedMap",
-    "check_shards",
-    "frame_shards",
-    "gather_cells",
-    "gather_mesh",
-    "gather_rows",
-    "group_shards",
-]
 
 
 # ------------------------------------------------------------------------------------- the ingress side
