@@ -32,7 +32,13 @@ SHARED_DATA = Path(
 )
 
 
+_BACKGROUND: list = []  # the sm_90 check's runner, when started early
+
+
 def pytest_sessionfinish(session, exitstatus):
+    for bg in _BACKGROUND:  # a run that stopped before the check (-x, Ctrl-C) must not leave it running
+        if bg.proc is not None and bg.proc.poll() is None:
+            bg.proc.kill()
     report = os.environ.get("MAPPER_TRITON_SM90_REPORT")
     if SM90_CHECK and report:
         from triton_sm90 import compiled
@@ -40,7 +46,22 @@ def pytest_sessionfinish(session, exitstatus):
         Path(report).write_text("\n".join(sorted(set(compiled))))
 
 
+def pytest_collection_finish(session):
+    """Start the sm_90 compile check's subprocess now, beside the suite, when that test is selected."""
+    for item in session.items:
+        if item.name == "test_every_triton_kernel_compiles_for_sm90":
+            mod = item.module
+            if mod.should_start_early():
+                mod.Background.start()
+                _BACKGROUND.append(mod.Background)
+            break
+
+
 def pytest_collection_modifyitems(config, items):
+    # the sm_90 compile check runs in a background subprocess from the end of collection: wait for it last
+    last = [i for i in items if i.name == "test_every_triton_kernel_compiles_for_sm90"]
+    if last:
+        items[:] = [i for i in items if i not in last] + last
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
