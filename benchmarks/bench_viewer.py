@@ -72,12 +72,24 @@ def serve(data_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                SERVER_PID[0] = proc.pid
                 return proc, url
         except httpx.TransportError:
             pass
         time.sleep(0.2)
     proc.kill()
     raise RuntimeError("server not ready: " + log.read_text()[-2000:])
+
+
+SERVER_PID = [0]
+
+
+def server_cpu_s() -> float:
+    """CPU seconds (user + system, all threads) the service process has used: its cost apart from the
+    other jobs on the machine, which stretch the wall times."""
+    with open(f"/proc/{SERVER_PID[0]}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(xs, q):
@@ -99,11 +111,13 @@ def open_page(browser, url, map_id):
 
 def bench_open(browser, url, cold_ids, cached_id, reps, rows):
     cold = [open_page(browser, url, i) for i in cold_ids]
-    server_ms, sizes = [], []
+    server_ms, sizes, cpu_ms = [], [], []
     for _ in range(reps + 1):
-        t = time.perf_counter()
+        t, c0 = time.perf_counter(), server_cpu_s()
         r = httpx.get(f"{url}/v1/maps/{cached_id}/mesh/blocks", timeout=300)
         server_ms.append((time.perf_counter() - t) * 1e3)
+        if not cpu_ms:
+            cpu_ms.append((server_cpu_s() - c0) * 1e3)
         sizes.append(len(r.content))
     cached = [open_page(browser, url, cached_id) for _ in range(reps)]
     tris = cached[0][2]
@@ -125,6 +139,7 @@ def bench_open(browser, url, cold_ids, cached_id, reps, rows):
     mib = f"{statistics.median(sizes) / 2**20:.1f} MiB"
     rows.append(("open: server GET mesh/blocks, first (extract + encode + transfer)", server_ms[:1], mib))
     rows.append(("open: server GET mesh/blocks, again (cached mesh: transfer)", server_ms[1:], mib))
+    rows.append(("open: server CPU time of the first GET (extract + encode)", cpu_ms, "CPU, not wall"))
 
 
 class TimedStream(threading.Thread):
@@ -174,10 +189,10 @@ def bench_live(browser, url, args, layers, rows, notes):
             page.wait_for_function("window.mapperViewer.state.sliceFetches > 0", timeout=300_000)
         f0 = c.get_map(m["id"])["stats"]["frames_integrated"]
         stream = TimedStream(c, m["id"], scans)
-        w0 = time.time()
+        w0, c0 = time.time(), server_cpu_s()
         stream.start()
         time.sleep(args.live_seconds)
-        w1 = time.time()
+        w1, c1 = time.time(), server_cpu_s()
         stream.stop.set()
         stream.join(600)
         time.sleep(2.0)  # the page applies the last deltas
@@ -224,7 +239,47 @@ def bench_live(browser, url, args, layers, rows, notes):
         f"per update median "
         f"{statistics.median(blocks):.0f} blocks, {statistics.median(kib):.0f} KiB"
         + (f"; {slices} slice fetches" if "esdf" in layers else "")
-        + f"; load average now {os.getloadavg()[0]:.1f}"
+        + f"; the service used {c1 - c0:.1f} CPU-s in the {wall:.0f} s ({(c1 - c0) / wall:.2f} cores: "
+        f"integration, deltas, encoding, serving); load average now {os.getloadavg()[0]:.1f}"
+    )
+
+
+def bench_cost(args, rows, notes):
+    """In process, no service or page: the CPU time (``time.process_time``: what this process used, apart
+    from the other jobs on the machine) of each step a live frame costs the service: integration, the
+    delta since the previous frame (``Map.mesh(since_version)``) and its block encoding."""
+    from mapper.map import Map
+    from mapper.viewer import mesh_to_blocks_bytes
+
+    lidar = sim.SpinningLidar(
+        n_beams=args.beams, n_azimuth=args.azimuth, fov_up_deg=15.0, fov_down_deg=-15.0, max_range_m=100.0
+    )
+    m = Map(args.live_voxel, layers=("tsdf",), device="cpu")
+    cost = {"integrate": [], "delta": [], "encode": []}
+    blocks, faces, version = [], [], None
+    for i, (pts, T) in enumerate(sim.lidar_sequence(args.cost_frames, lidar=lidar, extent_m=120.0)):
+        t = time.process_time()
+        m.integrate_lidar(pts, T)
+        t1 = time.process_time()
+        mesh = m.mesh() if version is None else m.mesh(since_version=version)
+        t2 = time.process_time()
+        mesh_to_blocks_bytes(mesh)
+        t3 = time.process_time()
+        version = mesh.version
+        if i >= 2:  # the first frames build the map (and compile nothing on the CPU)
+            cost["integrate"].append((t1 - t) * 1e3)
+            cost["delta"].append((t2 - t1) * 1e3)
+            cost["encode"].append((t3 - t2) * 1e3)
+            blocks.append(mesh.blocks.shape[0] + mesh.removed_blocks.shape[0])
+            faces.append(mesh.num_faces)
+    for k, v in cost.items():
+        rows.append((f"cost per frame, CPU time, 1 thread: {k}", v, "tsdf, in process"))
+    per = statistics.median([a + b + c for a, b, c in zip(*cost.values(), strict=True)])
+    notes.append(
+        f"cost: {len(blocks)} frames after 2; a delta re-meshes "
+        f"median {statistics.median(blocks):.0f} blocks "
+        f"({statistics.median(faces):.0f} faces); integrate + delta + encode = {per:.0f} CPU-ms per frame, "
+        f"i.e. at most {1e3 / per:.1f} frames/s with meshed deltas on one core"
     )
 
 
@@ -240,6 +295,7 @@ def main():
     ap.add_argument(
         "--live-layers", default="tsdf", help="';'-separated layer sets of the live runs (tsdf;tsdf,esdf)"
     )
+    ap.add_argument("--cost-frames", type=int, default=12, help="in-process cost frames (0: skip)")
     ap.add_argument("--skip-open", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -247,6 +303,9 @@ def main():
 
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     tmp = Path(tempfile.mkdtemp(prefix="bench-viewer-"))
+    rows, notes = [], [f"load average at start: {os.getloadavg()[0]:.1f} (2 cores)"]
+    if args.cost_frames:
+        bench_cost(args, rows, notes)
     m = shell_map(args.voxels, 0.05, torch.device("cpu"))
     data = DataDir(tmp / "data")
     ids = (
@@ -256,7 +315,6 @@ def main():
     )
     del m
     proc, url = serve(tmp / "data", tmp / "server.log")
-    rows, notes = [], [f"load average at start: {os.getloadavg()[0]:.1f} (2 cores)"]
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=ARGS, headless=True)
