@@ -560,6 +560,14 @@ def mesh_since(layer: BrickLayer, voxel_size_m: float, since_version: int) -> Me
             (keys, block_keys((removed[:, None, :] + _offsets27(removed.device)[None]).reshape(-1, 3)))
         )
     req = decode_block_keys(torch.unique(keys)) if keys.numel() else removed.reshape(0, 3)
+    # only bricks that exist now can have cells, and only those or the removed ones can have had faces in
+    # the consumer's mesh (a brick absent now and not removed since was absent then): the rest of the
+    # neighbourhoods (most of it, around a LiDAR scan's sparse bricks) is neither meshed nor listed
+    if req.shape[0]:
+        present = layer.voxel_slots(req << 2)[0] >= 0
+        if removed.shape[0]:
+            present |= torch.isin(block_keys(req), block_keys(removed))
+        req = req[present]
     mesh = _mesh_blocks(layer, s, req, with_color, partial=True)
     mesh.since_version = since
     return mesh

@@ -583,6 +583,48 @@ def test_incremental_depth_frames_equal_full_extraction():
     assert_mesh_equal(cur, extract_mesh(layer, s))
 
 
+def _bricks_of(layer, since=None) -> set[tuple[int, int, int]]:
+    """Present bricks (written after ``since`` when given), from the layer's tables, as a set."""
+    leaf, b = (layer.slots >= 0).nonzero(as_tuple=True)
+    if since is not None:
+        ok = layer.brick_versions[leaf, b] > since
+        leaf, b = leaf[ok], b[ok]
+    lc = layer.grid.leaf_ijk.to(torch.int64)[leaf] * 2
+    bc = lc + torch.stack(((b >> 2) & 1, (b >> 1) & 1, b & 1), 1)
+    return set(map(tuple, bc.tolist()))
+
+
+def test_lidar_deltas_cover_exactly_the_present_neighbourhood():
+    """A moving LiDAR's scans touch sparse bricks: a delta re-meshes (blocks + removed_blocks) exactly the
+    present bricks around the changed ones plus the removed ones, not the absent rest of the
+    neighbourhoods, and still chains to the full extraction bit for bit."""
+    lidar = sim.SpinningLidar(n_beams=8, n_azimuth=360, fov_up_deg=10, fov_down_deg=-20, max_range_m=30)
+    m = Map(0.2, layers=("tsdf",), device="cpu", keep_radius_m=25.0)
+    layer, s = m._tsdf, m.voxel_size_m
+    cur = None
+    around = [(dx, dy, dz) for dx in (-1, 0, 1) for dy in (-1, 0, 1) for dz in (-1, 0, 1)]
+    removed_any = False
+    for points, T in sim.lidar_sequence(4, lidar=lidar, extent_m=80.0, speed_mps=40.0):
+        m.integrate_lidar(points, T)
+        if cur is None:
+            cur = extract_mesh(layer, s)
+            continue
+        present = _bricks_of(layer)
+        changed = _bricks_of(layer, since=cur.version)
+        # removed since (by the radius policy; some allocated and freed within the frame)
+        gone = set(map(tuple, layer.removed_since(cur.version).tolist()))
+        removed_any |= bool(gone)
+        hood = {(x + a, y + b, z + c) for x, y, z in changed | gone for a, b, c in around}
+        want = (hood & present) | gone
+        delta = mesh_since(layer, s, cur.version)
+        got = set(map(tuple, torch.cat((delta.blocks, delta.removed_blocks)).tolist()))
+        assert got == want
+        assert len(hood) > 2 * len(want)  # the absent part of the neighbourhoods is most of it
+        cur = apply_delta(cur, delta)
+        assert_mesh_equal(cur, extract_mesh(layer, s))
+    assert removed_any and cur.num_faces > 100
+
+
 def test_too_old_version_gives_a_full_mesh():
     s = 0.05
     m = Map(s, layers=("tsdf",), device="cpu")

@@ -183,14 +183,20 @@ def test_routes_trajectory_occupied_status(tmp_path):
         r = c.get(f"/v1/maps/{mid}/mesh/blocks")
         assert r.status_code == 200 and r.headers["content-type"] == "application/x-mapper-blocks"
         d = blocks_from_bytes(r.content)
+        assert r.headers["X-Mapper-Mesh-Version"] == str(d["version"])
+        assert r.headers["X-Map-Version"] == "3"  # the map version shown (3 frames): the page's latency
         assert d["faces"].shape[0] == oracle.mesh().num_faces
-        e = blocks_from_bytes(c.get(f"/v1/maps/{mid}/mesh/blocks?since_version={d['version']}").content)
+        r_idle = c.get(f"/v1/maps/{mid}/mesh/blocks?since_version={d['version']}")
+        assert r_idle.headers["X-Map-Version"] == "3"
+        e = blocks_from_bytes(r_idle.content)
         assert not e["full"] and e["blocks"].shape[0] == 0 and e["version"] == d["version"]
         # the whole mesh again: the cached reply; after a frame, the cache patched by a delta = extraction
         assert c.get(f"/v1/maps/{mid}/mesh/blocks").content == r.content
         c.post(f"/v1/maps/{mid}/frames", content=frame_bytes(5), headers={"content-type": wire.MSGPACK})
         oracle.integrate_lidar(*scan(5))
-        d2 = blocks_from_bytes(c.get(f"/v1/maps/{mid}/mesh/blocks").content)
+        r2 = c.get(f"/v1/maps/{mid}/mesh/blocks")
+        assert r2.headers["X-Map-Version"] == "4"
+        d2 = blocks_from_bytes(r2.content)
         assert d2["full"] and d2["version"] == oracle.mesh().version > d["version"]
         want = triangles_by_block(oracle.mesh())
         got = decoded_by_block(d2)

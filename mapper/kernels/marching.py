@@ -84,43 +84,6 @@ def _local_points() -> tuple[np.ndarray, np.ndarray]:
     return pts, lut
 
 
-@dataclass(frozen=True)
-class _Consts:
-    edge_axis: torch.Tensor  # int64 [12]
-    edge_min: torch.Tensor  # int64 [12, 3]
-    point_nbr: torch.Tensor  # int64 [P] index into the 27-neighbour table of each local point
-    point_off: torch.Tensor  # int64 [P] in-brick offset of each local point
-    lut: torch.Tensor  # int64 [7 * 7 * 7] local point index of (x + 1, y + 1, z + 1), -1 if not read
-    corner_idx: torch.Tensor  # int64 [8, 64] core index of corner c of cell q
-    cell_xyz: torch.Tensor  # int64 [64, 3]
-
-
-@functools.cache
-def _consts(device: torch.device) -> _Consts:
-    pts, lut = _local_points()
-    axes, mins = edge_geometry()
-    t = torch.from_numpy
-    lc = pts & 3
-    off = (lc[:, 0] << 4) | (lc[:, 1] << 2) | lc[:, 2]
-    cell = np.array([[q >> 4, (q >> 2) & 3, q & 3] for q in range(64)], np.int64)
-    corners = np.array([[c & 1, (c >> 1) & 1, (c >> 2) & 1] for c in range(8)], np.int64)
-    corner_idx = np.stack([((cell + corners[c]) * np.array([CORE * CORE, CORE, 1])).sum(1) for c in range(8)])
-    return _Consts(
-        edge_axis=t(axes).to(device),
-        edge_min=t(mins).to(device),
-        point_nbr=t(nbr_index(np.floor_divide(pts, 4))).to(device),
-        point_off=t(off).to(device),
-        lut=t(lut.reshape(-1)).to(device),
-        corner_idx=t(corner_idx).to(device),
-        cell_xyz=t(cell).to(device),
-    )
-
-
-def _lut_index(c: _Consts, xyz: torch.Tensor) -> torch.Tensor:
-    n = CORE + 2
-    return c.lut[((xyz[:, 0] + 1) * n + (xyz[:, 1] + 1)) * n + (xyz[:, 2] + 1)]
-
-
 def edge_keys(voxel: torch.Tensor, axis: torch.Tensor) -> torch.Tensor:
     """int64 key of the lattice edge from ``voxel`` (int64 ``[N, 3]``) along ``axis`` (see mapper.mesh)."""
     return (
@@ -131,73 +94,146 @@ def edge_keys(voxel: torch.Tensor, axis: torch.Tensor) -> torch.Tensor:
     )
 
 
+# The torch reference reads whole bricks (one row gather per neighbour brick and field, not one per voxel):
+# the 8 bricks b + {0, 1}^3 hold the core [0, 5)^3 around a brick's min corner (the cells' corners) and
+# decide which bricks have cells to mesh; only those read the 12 bricks on their lower sides (the
+# gradients' -1 layer). A voxel (x, y, z) in [-1, 6)^3 around the min corner has the *dense* index
+# ((x + 1) * 7 + y + 1) * 7 + z + 1 (a step along an axis is a fixed stride) and its value sits in column
+# ``src[dense]`` of the brick's 20 gathered bricks (``[20 * 64]``: the 8 upper ones first).
+DENSE = CORE + 2
+STRIDES = (DENSE * DENSE, DENSE, 1)
+UPPER = [9 * (dx + 1) + 3 * (dy + 1) + dz + 1 for dx in (0, 1) for dy in (0, 1) for dz in (0, 1)]
+
+
+@dataclass(frozen=True)
+class _Dense:
+    nbrs: torch.Tensor  # int64 [20] 27-table index of the bricks read, the 8 UPPER ones first
+    src: torch.Tensor  # int64 [343] column of each dense point in the [20 * 64] values (0 where not read)
+    corner_src: torch.Tensor  # int64 [8 * 64] column (in the UPPER bricks' [8 * 64]) of corner c of cell q
+    nbr: torch.Tensor  # int64 [343] 27-table index of each dense point's brick
+    off: torch.Tensor  # int64 [343] in-brick offset of each dense point
+    cell_edge: torch.Tensor  # int64 [64, 12] edge id ((x * 5 + y) * 5 + z) * 3 + axis of cell q's edge e
+    shifts: torch.Tensor  # int64 [8, 1] corner bit of the case index
+
+
+@functools.cache
+def _dense(device: torch.device) -> _Dense:
+    pts, _ = _local_points()
+    r = np.arange(-1, CORE + 1)
+    grid = np.stack(np.meshgrid(r, r, r, indexing="ij"), -1).reshape(-1, 3)  # [343, 3] in dense order
+    nbr = nbr_index(np.floor_divide(grid, 4))
+    lc = grid & 3
+    off = (lc[:, 0] << 4) | (lc[:, 1] << 2) | lc[:, 2]
+    read = np.zeros(len(grid), bool)
+    read[((pts[:, 0] + 1) * DENSE + pts[:, 1] + 1) * DENSE + pts[:, 2] + 1] = True
+    used = UPPER + sorted(set(nbr[read].tolist()) - set(UPPER))
+    pos = {n: i for i, n in enumerate(used)}
+    src = np.array([pos[n] * 64 + o if ok else 0 for n, o, ok in zip(nbr, off, read, strict=True)], np.int64)
+    axes, mins = edge_geometry()
+    cell = np.array([[q >> 4, (q >> 2) & 3, q & 3] for q in range(64)], np.int64)
+    corners = np.array([[c & 1, (c >> 1) & 1, (c >> 2) & 1] for c in range(8)], np.int64)
+    corner = np.stack([((cell + corners[c] + 1) * np.array(STRIDES)).sum(1) for c in range(8)])
+    emin = cell[:, None, :] + mins[None]  # [64, 12, 3] in [0, 5)
+    cell_edge = ((emin[..., 0] * CORE + emin[..., 1]) * CORE + emin[..., 2]) * 3 + axes[None]
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)  # noqa: E731
+    return _Dense(
+        nbrs=t(used),
+        src=t(src),
+        corner_src=t(src[corner].reshape(-1)),
+        nbr=t(nbr),
+        off=t(off),
+        cell_edge=t(cell_edge),
+        shifts=t(np.arange(8)[:, None]),
+    )
+
+
+def _brick_rows(pool, name: str, slots: torch.Tensor) -> torch.Tensor:
+    """``[M, N * 64]`` values of ``name`` of the bricks at int64 ``[M, N]`` ``slots`` (-1: any values)."""
+    m, n = slots.shape
+    return pool.gather(name, slots.clamp(min=0).reshape(-1)).reshape(m, n * 64)
+
+
+def _observed(pool, slots: torch.Tensor) -> torch.Tensor:
+    """bool ``[M, N * 64]``: weight > 0 in the bricks at ``slots`` (False in absent ones)."""
+    obs = _brick_rows(pool, "weight", slots) > 0
+    return (obs.view(*slots.shape, 64) & (slots >= 0)[:, :, None]).reshape(obs.shape)
+
+
 def _chunk(bricks, nbr_slots, pool, table, count, s: float, with_color: bool):
     """Chunk-welded pieces of the cells of ``bricks``: (keys, pos, nrm, col, faces into keys) or None, and
     faces per brick."""
-    c = _consts(bricks.device)
+    c = _dense(bricks.device)
     dev = bricks.device
     m = bricks.shape[0]
-    slot = nbr_slots[:, c.point_nbr]  # [M, P]
-    found = slot >= 0
-    flat = slot.clamp(min=0).reshape(-1)
-    offs = c.point_off.expand(m, -1).reshape(-1)
-    tsdf = pool.gather("tsdf", flat, offs).reshape(m, -1).to(torch.float32)
-    obs = found & (pool.gather("weight", flat, offs).reshape(m, -1) > 0)
-
-    core_in = (tsdf[:, : CORE**3] <= 0).to(torch.int64)
-    core_obs = obs[:, : CORE**3]
-    case = torch.zeros((m, 64), dtype=torch.int64, device=dev)
-    all_obs = torch.ones((m, 64), dtype=torch.bool, device=dev)
-    for k in range(8):
-        case |= core_in[:, c.corner_idx[k]] << k
-        all_obs &= core_obs[:, c.corner_idx[k]]
+    n_up = len(UPPER)
+    up = nbr_slots[:, c.nbrs[:n_up]]  # [M, 8]
+    t_up = _brick_rows(pool, "tsdf", up)  # [M, 512]
+    o_up = _observed(pool, up)
+    inside = (t_up[:, c.corner_src] <= 0).view(m, 8, 64).to(torch.int64)
+    case = (inside << c.shifts).sum(1)  # [M, 64]
+    all_obs = o_up[:, c.corner_src].view(m, 8, 64).all(1)
     active = all_obs & (case != 0) & (case != 255)
     bi, q = active.nonzero(as_tuple=True)  # (brick, cell) order
     cs = case[bi, q]
     cnt = count[cs]
-    n_tri = int(cnt.sum())
     face_counts = torch.zeros(m, dtype=torch.int64, device=dev).index_add_(0, bi, cnt)
+    n_tri = int(cnt.sum())
     if n_tri == 0:
         return None, face_counts
+    # the bricks with faces read their 12 lower-side bricks too: [A, 20 * 64] values, flat
+    sel, bi = torch.unique_consecutive(bi, return_inverse=True)
+    low = nbr_slots[sel][:, c.nbrs[n_up:]]
+    width = len(c.nbrs) * 64
+    tsdf = torch.cat((t_up[sel], _brick_rows(pool, "tsdf", low)), 1).to(torch.float32).reshape(-1)
+    obs = torch.cat((o_up[sel], _observed(pool, low)), 1).reshape(-1)
+    slot = nbr_slots[sel]
+    bsel = bricks[sel]
     cell_of = torch.repeat_interleave(torch.arange(cs.numel(), device=dev), cnt)
     first = torch.cumsum(cnt, 0) - cnt
     t_in_cell = torch.arange(n_tri, device=dev) - first[cell_of]
     edges = table[cs[cell_of], t_in_cell].reshape(-1)  # [3T]
     corner_cell = cell_of.repeat_interleave(3)
-    local_min = c.cell_xyz[q[corner_cell]] + c.edge_min[edges]  # [3T, 3] local min voxel of the edge
-    brick_of = bi[corner_cell]
-    axis = c.edge_axis[edges]
-    keys = edge_keys((bricks[brick_of] << 2) + local_min, axis)
-    ukeys, inv = torch.unique(keys, return_inverse=True)
-    rep = torch.empty(ukeys.numel(), dtype=torch.int64, device=dev)
-    rep.scatter_(0, inv, torch.arange(keys.numel(), device=dev))
-    vb, vmin, vax = brick_of[rep], local_min[rep], axis[rep]
+    # weld inside the chunk by an edge id per brick (local min voxel in [0, 5)^3, axis): no sort
+    n_e = 3 * CORE**3
+    edge_id = bi[corner_cell] * n_e + c.cell_edge[q[corner_cell], edges]
+    mark = torch.zeros(sel.numel() * n_e, dtype=torch.bool, device=dev)
+    mark[edge_id] = True
+    uid = mark.nonzero().squeeze(1)
+    inv = (torch.cumsum(mark, 0) - 1)[edge_id]
+    vb = uid // n_e
+    e = uid % n_e
+    vax = e % 3
+    lin = e // 3
+    vmin = torch.stack((lin // (CORE * CORE), (lin // CORE) % CORE, lin % CORE), 1)
     eax = torch.nn.functional.one_hot(vax, 3)
-    p0 = _lut_index(c, vmin)
-    p1 = _lut_index(c, vmin + eax)
-    t0, t1 = tsdf[vb, p0], tsdf[vb, p1]
+    stride = torch.tensor(STRIDES, dtype=torch.int64, device=dev)
+    p0 = ((vmin + 1) * stride).sum(1)  # dense index of the edge's ends
+    p1 = p0 + stride[vax]
+    base = vb * width
+    gvox = (bsel[vb] << 2) + vmin
+    ukeys = edge_keys(gvox, vax)
+
+    def at(values, p):
+        return values[base + c.src[p]]
+
+    t0, t1 = at(tsdf, p0), at(tsdf, p1)
     t = t0 / (t0 - t1)  # in [0, 1]: exactly one end is <= 0
+    pos = ((gvox.to(torch.float64) + 0.5 + t.to(torch.float64)[:, None] * eax) * s).to(torch.float32)
 
-    gvox = ((bricks[vb] << 2) + vmin).to(torch.float64) + 0.5
-    pos = ((gvox + t.to(torch.float64)[:, None] * eax) * s).to(torch.float32)
-
-    def gradient(p_local, p_idx):
-        t_c = tsdf[vb, p_idx]
+    def gradient(p, t_c):
         g = []
         for a in range(3):
-            e = torch.zeros(3, dtype=torch.int64, device=dev)
-            e[a] = 1
-            ip, im = _lut_index(c, p_local + e), _lut_index(c, p_local - e)
-            op, om = obs[vb, ip], obs[vb, im]
-            tp, tm = tsdf[vb, ip], tsdf[vb, im]
+            ip, im = p + STRIDES[a], p - STRIDES[a]
+            op, om = at(obs, ip), at(obs, im)
+            tp, tm = at(tsdf, ip), at(tsdf, im)
             central = (tp - tm) * 0.5
             fwd, bwd = tp - t_c, t_c - tm
             zero = torch.zeros_like(t_c)
             g.append(torch.where(op & om, central, torch.where(op, fwd, torch.where(om, bwd, zero))))
         return torch.stack(g, 1)
 
-    g0 = gradient(vmin, p0)
-    g1 = gradient(vmin + eax, p1)
+    g0 = gradient(p0, t0)
+    g1 = gradient(p1, t1)
     g = g0 + t[:, None] * (g1 - g0)
     norm = torch.sqrt(g[:, 0] * g[:, 0] + g[:, 1] * g[:, 1] + g[:, 2] * g[:, 2])
     fallback = eax.to(torch.float32) * torch.where(t1 > t0, 1.0, -1.0)[:, None]
@@ -205,9 +241,9 @@ def _chunk(bricks, nbr_slots, pool, table, count, s: float, with_color: bool):
 
     col = None
     if with_color:
-        s0 = slot[vb, p0].clamp(min=0)
-        s1 = slot[vb, p1].clamp(min=0)
-        o0, o1 = c.point_off[p0], c.point_off[p1]
+        s0 = slot[vb, c.nbr[p0]].clamp(min=0)
+        s1 = slot[vb, c.nbr[p1]].clamp(min=0)
+        o0, o1 = c.off[p0], c.off[p1]
         c0 = pool.gather("color", s0, o0).to(torch.float32)
         c1 = pool.gather("color", s1, o1).to(torch.float32)
         w0 = (pool.gather("color_weight", s0, o0) > 0).to(torch.float32) * (1.0 - t)

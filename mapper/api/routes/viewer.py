@@ -18,7 +18,7 @@ from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from ... import viewer
 from ...mesh import apply_delta, empty_mesh
-from ..deps import EntryDep, ReadAuth, reply
+from ..deps import VERSION_HEADER, EntryDep, ReadAuth, reply
 from ..schemas import ErrorBody
 from ..service import require
 
@@ -91,7 +91,7 @@ async def mesh_blocks(
         t = time.perf_counter()
         mesh = require(m, "mesh")(since_version=since_version)
         entry.metrics.stage.labels("mesh").observe(time.perf_counter() - t)
-        return mesh
+        return mesh, m.version
 
     def run_full(m):
         """The whole mesh: the cached one brought up to date with a delta (equal to a full extraction,
@@ -99,31 +99,33 @@ async def mesh_blocks(
         t = time.perf_counter()
         cached = _FULL.get(entry)
         if cached is not None and cached[0].version == m.mesh_version:
-            return cached
+            return cached[0], cached[1], m.version
         if cached is None:
             mesh = require(m, "mesh")()
         else:
             mesh = apply_delta(cached[0], require(m, "mesh")(since_version=cached[0].version))
         entry.metrics.stage.labels("mesh").observe(time.perf_counter() - t)
-        return mesh, None
+        return mesh, None, m.version
 
     t = time.perf_counter()
     m = entry.view  # the last published version (what the reads below see, or a newer one)
     body = None
     if since_version is None:
-        mesh, body = await entry.read(run_full)
+        mesh, body, map_version = await entry.read(run_full)
     elif since_version == m.mesh_version:
         # nothing changed (the common poll of an idle map): an empty delta, without taking the map's lock
         mesh = empty_mesh(torch.device("cpu"), "color" in m.layers, since_version, m.voxel_size_m)
         mesh.full, mesh.since_version = False, since_version
+        map_version = m.version
     else:
-        mesh = await entry.read(run)
+        mesh, map_version = await entry.read(run)
     if body is None:
         body = await asyncio.to_thread(viewer.mesh_to_blocks_bytes, mesh)
         if since_version is None:
             _FULL[entry] = (mesh, body)
     entry.metrics.query.labels("mesh_blocks").observe(time.perf_counter() - t)
-    return Response(body, media_type=viewer.MEDIA_TYPE, headers={"X-Mapper-Mesh-Version": str(mesh.version)})
+    headers = {"X-Mapper-Mesh-Version": str(mesh.version), VERSION_HEADER: str(map_version)}
+    return Response(body, media_type=viewer.MEDIA_TYPE, headers=headers)
 
 
 # the last whole mesh served per map and its encoding: opening a viewer on a map that did not change costs

@@ -17,7 +17,7 @@ const INSIDE_RGB = [165, 0, 38];
 // ------------------------------------------------------------------------------------------- state
 const state = {
   mapId: null, status: null, generation: 0,
-  meshVersion: null, fullFetches: 0, deltaFetches: 0, deltaBytes: 0, lastMeshMs: 0, updates: [],
+  meshVersion: null, fullFetches: 0, deltaFetches: 0, deltaBytes: 0, lastMeshMs: 0, updates: [], undrawn: [],
   trajectory: [], sliceZ: null, sliceHash: null, sliceFetches: 0, sliceError: null,
   voxels: null, errors: [], needToken: false, hasTsdf: true, fitted: false,
 };
@@ -29,7 +29,7 @@ class ApiError extends Error {
 
 function token() { return sessionStorage.getItem('mapperToken') || ''; }
 
-async function api(path, { accept = 'application/json', raw = false } = {}) {
+async function api(path, { accept = 'application/json', raw = false, response = false } = {}) {
   const headers = { Accept: accept };
   if (token()) headers.Authorization = 'Bearer ' + token();
   const r = await fetch(path, { headers });
@@ -39,6 +39,7 @@ async function api(path, { accept = 'application/json', raw = false } = {}) {
     if (typeof detail !== 'string') detail = JSON.stringify(detail);
     throw new ApiError(r.status, type, detail);
   }
+  if (response) return r;
   if (raw) return r.arrayBuffer();
   if (accept === 'application/msgpack') return decode(await r.arrayBuffer());
   return r.json();
@@ -81,6 +82,9 @@ function requestRender() {
     controls.update();
     renderer.render(scene, camera);
     state.frames = (state.frames || 0) + 1;
+    const now = Date.now();
+    for (const u of state.undrawn) u.drawnWall = now; // the frame showing the update was submitted
+    state.undrawn.length = 0;
     // ms from navigation to the first frame drawn with the first mesh (benchmarks/bench_viewer.py reads it)
     if (state.meshShownMs === undefined && store.triangles > 0) {
       renderer.getContext().finish();
@@ -209,16 +213,26 @@ async function fetchMesh(gen) {
   const since = state.meshVersion;
   const q = since === null ? '' : '?since_version=' + since;
   const t0 = performance.now();
-  const buf = await api('/v1/maps/' + state.mapId + '/mesh/blocks' + q, { raw: true });
+  const r = await api('/v1/maps/' + state.mapId + '/mesh/blocks' + q, { response: true });
+  const buf = await r.arrayBuffer();
   if (gen !== state.generation) return;
-  if (state.meshReceivedMs === undefined) state.meshReceivedMs = performance.now();
+  const t1 = performance.now();
+  if (state.meshReceivedMs === undefined) state.meshReceivedMs = t1;
   const m = parseBlocks(buf);
   const changed = store.apply(m);
   if (m.full) state.fullFetches++; else { state.deltaFetches++; state.deltaBytes += buf.byteLength; }
   state.meshVersion = m.version;
   if (changed) {
     updateChunks();
-    state.updates.push({ t: performance.now(), version: m.version, blocks: changed, bytes: buf.byteLength });
+    // per update (benchmarks/bench_viewer.py reads them): when (page clock and wall clock), the mesh and map
+    // versions shown, its size, the request's round trip and the time to parse, store and upload it
+    const t2 = performance.now();
+    const u = {
+      t: t2, wall: Date.now(), version: m.version, mapVersion: Number(r.headers.get('X-Map-Version')),
+      blocks: changed, bytes: buf.byteLength, fetchMs: t1 - t0, applyMs: t2 - t1,
+    };
+    state.updates.push(u);
+    state.undrawn.push(u);
     if (state.updates.length > 200) state.updates.shift();
   }
   state.lastMeshMs = performance.now() - t0;
@@ -491,7 +505,7 @@ async function openMap(id) {
   const gen = state.generation;
   Object.assign(state, {
     mapId: id, status: null, meshVersion: null, trajectory: [], sliceZ: null, sliceHash: null,
-    voxels: null, hasTsdf: true, fitted: false, updates: [],
+    voxels: null, hasTsdf: true, fitted: false, updates: [], undrawn: [],
   });
   lastFrames = null;
   clearScene();
