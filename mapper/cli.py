@@ -360,8 +360,8 @@ def _send_ws(s, f, kind, i, with_color) -> list[dict]:
 
 def replay_offline(args, ds, kind: str, idx: list[int]) -> dict:
     from . import Map
-    from .api.service import check_name, find_map_dir, save_new_map
     from .persistence import DataDir
+    from .store import check_name, find_map_dir, save_new_map
 
     data = DataDir(Path(args.out))
     name = args.name or default_map_name(args.path)
@@ -514,8 +514,8 @@ def _export_server(args) -> None:
 def _export_local(args) -> None:
     import shutil
 
-    from .api.service import find_map_dir, recover_map
     from .persistence import DataDir
+    from .store import find_map_dir, recover_map
 
     data = DataDir(Path(args.data_dir), fsync=False)
     mdir = find_map_dir(data, args.map)

@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     query_threads: int = Field(4, gt=0)
     # map writers run this many nice steps below reads (Linux, per thread): reads first when cores are short
     writer_nice: int = Field(5, ge=0, le=19)
+    # map writers integrating at once; maps take turns round-robin, one batch each (0 = auto: 2 on a GPU,
+    # so that one map's host work overlaps another's kernels on its own stream; cores / 2 on the CPU)
+    writer_slots: int = Field(0, ge=0, le=64)
     # SIGTERM: streams ack what they took and close within this (then uvicorn waits as long for the
     # HTTP requests still running, then every map is snapshotted); see mapper.api.shutdown
     shutdown_grace_s: float = Field(20.0, gt=0)

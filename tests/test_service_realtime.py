@@ -248,7 +248,7 @@ def test_sigkill_during_group_commit_loses_no_acknowledged_frame(tmp_path):
     acked = {a["frame_id"]: a["seq"] for k in acks for a in acks[k]}
     assert len(acked) >= 20
     # the log as the kill left it (read like recovery does): every acknowledged frame is there, under its seq
-    from mapper.api.service import decode_record
+    from mapper.store import decode_record
 
     logged = {}
     for seq, payload in DataDir(data).map_dir(mid).replay(0):
