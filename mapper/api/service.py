@@ -289,7 +289,9 @@ class MapEntry:
             op = await self.queue.get()
             if op is _STOP:
                 break
+            t = time.perf_counter()
             await self.service.turns.acquire()  # round-robin between maps, one batch per turn
+            self.metrics.turn_wait.labels(self.id).observe(time.perf_counter() - t)
             batch = [op]
             while len(batch) < self.settings.max_batch and not self.queue.empty():
                 nxt = self.queue.get_nowait()
