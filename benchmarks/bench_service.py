@@ -405,6 +405,7 @@ def main(argv=None) -> None:
                         print(f"running {case.name} ...", file=sys.stderr, flush=True)
                         cases.append(run_case(url, args.token, case, args, frames, queries=False))
                         print(summary(case), file=sys.stderr, flush=True)  # kept if a later case times out
+        if "ingest" in todo and "esdf" in args.layers.split(","):  # distance queries need the ESDF
             nq = int(args.query_clients or max(counts))
             what = "distance queries" + (f" + {args.slice_cells}^2 slices" if args.slice_cells else "")
             qcase = Case(f"ws x{nq} (window {windows[-1]}) + {what}", "ws", nq, windows[-1])

@@ -223,6 +223,7 @@ def cmd_serve(args) -> int:
         port=settings.port,
         log_level=settings.log_level.lower(),
         ws_max_size=settings.max_body_bytes,
+        ws_per_message_deflate=settings.ws_compression,  # off: no inflate of every frame on the loop
         # after the drain (SIGTERM -> acks sent, streams closed: mapper.api.shutdown), the HTTP requests
         # still running get as long again; then the lifespan snapshots every map
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),

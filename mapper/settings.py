@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     queue_depth: int = Field(64, gt=0)
     max_batch: int = Field(16, gt=0)
     ws_max_in_flight: int = Field(256, gt=0)
+    # permessage-deflate on WebSocket streams (off: LiDAR frames of float32 points shrink by ~8 % for a
+    # zlib inflate of every frame on the event loop, ~10 ms per 1.4 MB frame; NOTES.md issue 13)
+    ws_compression: bool = False
     max_pose_translation_m: float = Field(1e6, gt=0)  # per axis; also bounded by each map's key range
     # memory (bytes); unset = sized to the machine when the service starts (mapper/budget.py): all maps
     # together 50 % of RAM (60 % of GPU memory with CUDA), one map the same, one read RAM / 32
