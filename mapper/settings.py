@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     # map writers integrating at once; maps take turns round-robin, one batch each (0 = auto: 2 on a GPU,
     # so that one map's host work overlaps another's kernels on its own stream; cores / 2 on the CPU)
     writer_slots: int = Field(0, ge=0, le=64)
+    # threads decoding and validating incoming frames (all maps; 0 = auto: half the cores, 2 to 8), apart
+    # from the threads reads use, so that a burst of frames never queues a read's request parsing
+    decode_threads: int = Field(0, ge=0, le=64)
     # SIGTERM: streams ack what they took and close within this (then uvicorn waits as long for the
     # HTTP requests still running, then every map is snapshotted); see mapper.api.shutdown
     shutdown_grace_s: float = Field(20.0, gt=0)

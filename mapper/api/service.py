@@ -198,6 +198,10 @@ class MapEntry:
         )
         return Prepared(frame, store.encode_record("frame", frame), self.bound(frame))
 
+    async def decode(self, data: bytes | dict) -> Prepared:
+        """``prepare(data)`` on the service's decode threads (``MAPPER_DECODE_THREADS``)."""
+        return await asyncio.get_running_loop().run_in_executor(self.service.decode_pool, self.prepare, data)
+
     def bound(self, frame) -> budget.Growth | None:
         """Any thread, before queueing: the growth bound of a posed frame (``mapper.budget``: it depends on
         the frame and the map's configuration only), so that the writer only compares it with the room left
@@ -769,6 +773,8 @@ class MapService:
         metrics.registry.register(memory.MemoryCollector(self.work))
         self.query_pool = ThreadPoolExecutor(settings.query_threads, thread_name_prefix="query")
         self.turns = FairTurns(writer_slots(settings.writer_slots, self.device))
+        decoders = settings.decode_threads or max(2, min(8, (os.cpu_count() or 2) // 2))
+        self.decode_pool = ThreadPoolExecutor(decoders, thread_name_prefix="decode")
         self.ready = asyncio.Event()
         self.stopping = False
         self.draining = asyncio.Event()  # set by drain(): WebSocket streams stop reading, ack and close
@@ -828,6 +834,7 @@ class MapService:
                 log.exception("map %s: close failed", e.id)
         self.maps.clear()
         self.query_pool.shutdown(wait=True)
+        self.decode_pool.shutdown(wait=True)
         if getattr(self, "_own_triton_cache", False):  # leave the environment as it was (tests, embedding)
             os.environ.pop("TRITON_CACHE_DIR", None)
 

@@ -36,7 +36,7 @@ async def post_frame(request: Request, entry: EntryDep):
     map: a query sent after the ack sees it. 429 when the map's queue is full (retry)."""
     t0 = time.perf_counter()
     body = await (request.body() if is_msgpack_body(request) else read_message(request))
-    frame = await asyncio.to_thread(entry.prepare, body)  # validated once, off the loop and the writer
+    frame = await entry.decode(body)  # validated once, on a decode thread (off the loop and the writer)
     ack = await (await entry.submit(frame, wait=False))  # WAL (fsync'd) -> map -> published version
     dt = time.perf_counter() - t0
     entry.metrics.ack.labels("http").observe(dt)
@@ -124,7 +124,7 @@ async def stream_frames(ws: WebSocket, map_id: str):
             raise wire.MalformedMessage("stream: send frames as binary msgpack messages")
         if len(data) > settings.max_body_bytes:
             raise PayloadTooLarge(f"frame: {len(data)} bytes exceed MAPPER_MAX_BODY_BYTES")
-        return loop.run_in_executor(None, entry.prepare, data)
+        return loop.create_task(entry.decode(data))
 
     sender = loop.create_task(send_acks())
     submitter = loop.create_task(submit_frames())
