@@ -243,8 +243,15 @@ def run_query_case(url, token, args, frames_per_client) -> dict:
                 versions.append(v)
         stop.set()
         case.seconds = time.perf_counter() - warm_until
+        print(  # kept in the log if the caller's time runs out before the report
+            f"  idle p50 {pct(idle, 50):.1f} ms; under ingest p50 {pct(loaded, 50):.1f} ms, p99 "
+            f"{pct(loaded, 99):.1f} ms ({len(loaded)} queries)",
+            file=sys.stderr,
+            flush=True,
+        )
         for t in writers:
             t.join(600)
+        print(summary(case), file=sys.stderr, flush=True)
         c.delete_map(mid)
     return {"idle": idle, "loaded": loaded, "versions": versions, "ingest": case}
 
@@ -353,6 +360,12 @@ def main(argv=None) -> None:
         help="with the query case of the ingest matrix: also ESDF "
         "slices of N x N cells, back to back (0: none)",
     )
+    ap.add_argument(
+        "--no-query-case",
+        dest="query_case",
+        action="store_false",
+        help="ingest matrix only (no ingest + queries case)",
+    )
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server started here")
     ap.add_argument("--query-clients", help="ingest clients of the query case (default: the largest count)")
     ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per case")
@@ -405,7 +418,7 @@ def main(argv=None) -> None:
                         print(f"running {case.name} ...", file=sys.stderr, flush=True)
                         cases.append(run_case(url, args.token, case, args, frames, queries=False))
                         print(summary(case), file=sys.stderr, flush=True)  # kept if a later case times out
-        if "ingest" in todo and "esdf" in args.layers.split(","):  # distance queries need the ESDF
+        if "ingest" in todo and args.query_case and "esdf" in args.layers.split(","):  # needs the ESDF
             nq = int(args.query_clients or max(counts))
             what = "distance queries" + (f" + {args.slice_cells}^2 slices" if args.slice_cells else "")
             qcase = Case(f"ws x{nq} (window {windows[-1]}) + {what}", "ws", nq, windows[-1])
