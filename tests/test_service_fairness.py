@@ -301,3 +301,28 @@ def test_serve_declines_permessage_deflate_unless_asked(tmp_path, monkeypatch, e
     with pytest.raises(Refused):
         FrameStream("ws://127.0.0.1:1/v1/maps/x/stream", None)
     assert offered["compression"] is None
+
+
+def test_stage_times_do_not_sync_every_cuda_frame(tmp_path, device, monkeypatch):
+    """Reading a frame's per-stage times synchronises the whole device on CUDA (every map's stream): the
+    writer samples them there (one frame per ``STAGE_SAMPLE_S``) and reads every frame's on the CPU."""
+    from mapper.api import service as service_mod
+
+    monkeypatch.setattr(service_mod, "STAGE_SAMPLE_S", 1e9)
+    with client(tmp_path, device=device.type) as c:
+        mid = c.post("/v1/maps", json={"name": "s", "voxel_size_m": VOXEL, "layers": ["tsdf"]}).json()["id"]
+        for i in range(3):
+            pts, T = scan(i, 1500)
+            r = c.post(
+                f"/v1/maps/{mid}/frames",
+                content=wire.packb(wire.lidar_message(pts, T)),
+                headers=MSGPACK_HEADERS,
+            )
+            assert r.status_code == 200, r.text
+        text = c.get("/metrics").text
+    import re
+
+    counts = dict(re.findall(r'mapper_stage_seconds_count\{stage="(\w+)"\} (\S+)', text))
+    assert "grow" in counts and "update" in counts, counts  # the TSDF integrator's stages
+    want = 1.0 if device.type == "cuda" else 3.0
+    assert all(float(n) == want for n in counts.values()), counts

@@ -91,6 +91,7 @@ class Op:
 
 
 _STOP = object()
+STAGE_SAMPLE_S = 2.0  # CUDA: per-stage frame times are read (a device sync) once per this per map
 
 
 class FairTurns:
@@ -166,6 +167,7 @@ class MapEntry:
         self.closed = False
         self.task: asyncio.Task | None = None
         self.stats_time = 0.0
+        self.stage_time = -math.inf  # when the per-stage times of a frame were last read (CUDA: a sync)
         self.quarantined: list[dict] = []  # notes of WAL records that failed on replay (MapDir.quarantine)
         self.in_flight = 0  # operations queued or being processed whose future is not resolved yet
         self.budget: int = info.get("memory_budget_bytes") or service.map_budget
@@ -480,8 +482,7 @@ class MapEntry:
         if op.kind != "frame":
             return {"seq": op.seq, **_jsonable(res)}
         f = op.args
-        for stage, ms in self.map.timings_ms().items():
-            self.metrics.stage.labels(stage).observe(ms / 1e3)
+        self._stage_metrics()
         self.metrics.integrate.labels(f.kind).observe(dt)
         self.metrics.frames.labels(self.id, f.kind).inc()
         self.metrics.points.labels(self.id, "used").inc(res["points_used"])
@@ -503,6 +504,17 @@ class MapEntry:
         if op.registration is not None:
             ack["registration"] = _jsonable(op.registration)
         return ack
+
+    def _stage_metrics(self) -> None:
+        """Per-stage times of the frame just integrated, into ``mapper_stage_seconds``. On CUDA reading them
+        synchronises the whole device (``Map.timings_ms``: every map's stream and every read's), so there
+        they are sampled: one frame per ``STAGE_SAMPLE_S`` per map; on the CPU every frame."""
+        now = time.monotonic()
+        if self.map.device.type == "cuda" and now - self.stage_time < STAGE_SAMPLE_S:
+            return
+        self.stage_time = now
+        for stage, ms in self.map.timings_ms().items():
+            self.metrics.stage.labels(stage).observe(ms / 1e3)
 
     def _update_esdf(self) -> None:
         t = time.perf_counter()
