@@ -23,6 +23,7 @@ import datetime
 import os
 import platform
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -391,6 +392,14 @@ def main(argv=None) -> None:
             MAPPER_ESDF_UPDATE=args.esdf_update,
             **dict(kv.split("=", 1) for kv in args.env),
         )
+
+        def stopped(signum, frame):  # `timeout`: kill the server too (an orphan would hold the GPU)
+            server.kill()
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+            os._exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, stopped)
     try:
         with MapperClient(url, token=args.token) as c:
             c.wait_ready(120)
