@@ -23,6 +23,7 @@ import datetime
 import os
 import platform
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -107,13 +108,24 @@ def pct(xs, q) -> float:
 
 
 class Case:
-    def __init__(self, name, transport, clients):
-        self.name, self.transport, self.clients = name, transport, clients
+    def __init__(self, name, transport, clients, window=1):
+        self.name, self.transport, self.clients, self.window = name, transport, clients, window
         self.lat: list[float] = []
+        self.slat: list[float] = []
         self.frames = 0
         self.seconds = 0.0
         self.qlat: list[float] = []
         self.lock = threading.Lock()
+
+
+def summary(cs: Case) -> str:
+    fps = cs.frames / cs.seconds if cs.seconds > 0 else float("nan")
+    out = f"  {cs.name}: {fps:.2f} frames/s, ack p50 {pct(cs.lat, 50):.0f} ms, p99 {pct(cs.lat, 99):.0f} ms"
+    if cs.qlat:
+        out += f"; query p50 {pct(cs.qlat, 50):.1f} ms, p99 {pct(cs.qlat, 99):.1f} ms"
+    if cs.slat:
+        out += f"; slice p50 {pct(cs.slat, 50):.1f} ms, p99 {pct(cs.slat, 99):.1f} ms"
+    return out
 
 
 def run_client(url, token, map_id, frames, transport, window, stop, warm_until, case: Case):
@@ -172,10 +184,25 @@ def run_queries(url, token, map_id, points, stop, warm_until, case: Case):
                 case.qlat.append(now - t)
 
 
+def run_slices(url, token, map_id, cells, stop, warm_until, case: Case):
+    """ESDF slices of ``cells`` x ``cells`` (msgpack) at z = 0.5 m over 40 m x 40 m, back to back."""
+    params = {"z": 0.5, "format": "msgpack", "x_min": -20.0, "y_min": -20.0, "x_max": 20.0, "y_max": 20.0}
+    params["resolution_m"] = 40.0 / cells
+    with MapperClient(url, token=token, timeout=600) as c:
+        while not stop.is_set():
+            t = time.perf_counter()
+            r = c._http.get(f"/v1/maps/{map_id}/esdf/slice", params=params)
+            r.raise_for_status()
+            now = time.perf_counter()
+            if now >= warm_until:
+                case.slat.append(now - t)
+
+
 def run_query_case(url, token, args, frames_per_client) -> dict:
     """Idle distance-query latency on a map, then the same queries while ``args.query_writers`` clients
     stream into that map; returns the latencies (s) and the map versions the loaded queries read."""
     layers = args.layers.split(",")
+    window = int(str(args.window).split(",")[-1])
     with MapperClient(url, token=token, timeout=600) as c:
         mid = c.create_map(voxel_size_m=args.voxel, layers=layers, max_range_m=100.0)["id"]
         for body in frames_per_client[0][:2]:  # a map with content
@@ -202,7 +229,7 @@ def run_query_case(url, token, args, frames_per_client) -> dict:
         writers = [
             threading.Thread(
                 target=run_client,
-                args=(url, token, mid, frames_per_client[k], "ws", args.window, stop, warm_until, case),
+                args=(url, token, mid, frames_per_client[k], "ws", window, stop, warm_until, case),
             )
             for k in range(args.query_writers)
         ]
@@ -217,8 +244,15 @@ def run_query_case(url, token, args, frames_per_client) -> dict:
                 versions.append(v)
         stop.set()
         case.seconds = time.perf_counter() - warm_until
+        print(  # kept in the log if the caller's time runs out before the report
+            f"  idle p50 {pct(idle, 50):.1f} ms; under ingest p50 {pct(loaded, 50):.1f} ms, p99 "
+            f"{pct(loaded, 99):.1f} ms ({len(loaded)} queries)",
+            file=sys.stderr,
+            flush=True,
+        )
         for t in writers:
             t.join(600)
+        print(summary(case), file=sys.stderr, flush=True)
         c.delete_map(mid)
     return {"idle": idle, "loaded": loaded, "versions": versions, "ingest": case}
 
@@ -272,7 +306,7 @@ def run_case(url, token, case: Case, args, frames_per_client, queries: bool) -> 
                 ids[k],
                 frames_per_client[k],
                 case.transport,
-                args.window,
+                case.window,
                 stop,
                 warm_until,
                 case,
@@ -285,6 +319,12 @@ def run_case(url, token, case: Case, args, frames_per_client, queries: bool) -> 
         threads.append(
             threading.Thread(target=run_queries, args=(url, token, ids[0], qpts, stop, warm_until, case))
         )
+        if args.slice_cells:
+            threads.append(
+                threading.Thread(
+                    target=run_slices, args=(url, token, ids[0], args.slice_cells, stop, warm_until, case)
+                )
+            )
     for t in threads:
         t.start()
     time.sleep(args.warmup + args.duration)
@@ -311,7 +351,24 @@ def main(argv=None) -> None:
     ap.add_argument("--points", type=int, default=120_000)
     ap.add_argument("--clients", default="1,4", help="client counts to run")
     ap.add_argument("--transports", default="ws,http")
-    ap.add_argument("--window", type=int, default=4, help="frames in flight per WebSocket client")
+    ap.add_argument(
+        "--window", default="4", help="frames in flight per WebSocket client (a list: one case per window)"
+    )
+    ap.add_argument(
+        "--slice-cells",
+        type=int,
+        default=0,
+        help="with the query case of the ingest matrix: also ESDF "
+        "slices of N x N cells, back to back (0: none)",
+    )
+    ap.add_argument(
+        "--no-query-case",
+        dest="query_case",
+        action="store_false",
+        help="ingest matrix only (no ingest + queries case)",
+    )
+    ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server started here")
+    ap.add_argument("--query-clients", help="ingest clients of the query case (default: the largest count)")
     ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per case")
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--query-points", type=int, default=10_000)
@@ -329,13 +386,26 @@ def main(argv=None) -> None:
     if url is None:
         tmp = tempfile.mkdtemp(prefix="bench-service-")
         server, url = start_server(
-            args.device, tmp, MAPPER_SNAPSHOT_INTERVAL_S="0", MAPPER_ESDF_UPDATE=args.esdf_update
+            args.device,
+            tmp,
+            MAPPER_SNAPSHOT_INTERVAL_S="0",
+            MAPPER_ESDF_UPDATE=args.esdf_update,
+            **dict(kv.split("=", 1) for kv in args.env),
         )
+
+        def stopped(signum, frame):  # `timeout`: kill the server too (an orphan would hold the GPU)
+            server.kill()
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+            os._exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, stopped)
     try:
         with MapperClient(url, token=args.token) as c:
             c.wait_ready(120)
         counts = [int(x) for x in args.clients.split(",")]
-        nmax = max(*counts, args.query_writers)
+        windows = [int(x) for x in str(args.window).split(",")]
+        nmax = max(*counts, args.query_writers, int(args.query_clients or 0))
         todo = args.cases.split(",")
         print(f"encoding {args.distinct_frames} x {nmax} frames of {args.points} points ...", file=sys.stderr)
         frames = [
@@ -347,14 +417,23 @@ def main(argv=None) -> None:
         ]
         cases = []
         if "ingest" in todo:
-            for transport in args.transports.split(","):
-                for n in counts:
-                    case = Case(f"{transport} x{n}", transport, n)
-                    print(f"running {case.name} ...", file=sys.stderr, flush=True)
-                    cases.append(run_case(url, args.token, case, args, frames, queries=False))
-            qcase = Case(f"ws x{max(counts)} + distance queries", "ws", max(counts))
+            # HTTP: one frame in flight per client (a POST waits for its ack); WebSocket: `window` in flight
+            # (window 1 is the same closed loop as HTTP: the per-message cost of each transport)
+            for n in counts:
+                for transport in args.transports.split(","):
+                    for w in windows if transport == "ws" else [1]:
+                        name = f"{transport} x{n}" + (f" (window {w})" if transport == "ws" else "")
+                        case = Case(name, transport, n, w)
+                        print(f"running {case.name} ...", file=sys.stderr, flush=True)
+                        cases.append(run_case(url, args.token, case, args, frames, queries=False))
+                        print(summary(case), file=sys.stderr, flush=True)  # kept if a later case times out
+        if "ingest" in todo and args.query_case and "esdf" in args.layers.split(","):  # needs the ESDF
+            nq = int(args.query_clients or max(counts))
+            what = "distance queries" + (f" + {args.slice_cells}^2 slices" if args.slice_cells else "")
+            qcase = Case(f"ws x{nq} (window {windows[-1]}) + {what}", "ws", nq, windows[-1])
             print(f"running {qcase.name} ...", file=sys.stderr, flush=True)
             cases.append(run_case(url, args.token, qcase, args, frames, queries=True))
+            print(summary(qcase), file=sys.stderr, flush=True)
         qres = None
         if "query" in todo:
             print("running the query case (idle, then under ingest) ...", file=sys.stderr, flush=True)
@@ -376,6 +455,7 @@ def main(argv=None) -> None:
         "",
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
         f"- hardware: {hardware()}; server device {ready.get('device')}",
+        f"- server settings: {', '.join(args.env) or 'defaults'}",
         f"- command: `python benchmarks/bench_service.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
         f"- frames: {args.points} points (float32, {args.points * 12 / 1e6:.2f} MB msgpack), voxel "
         f"{args.voxel} m, layers {args.layers}, one map per client"
@@ -387,16 +467,21 @@ def main(argv=None) -> None:
     ]
     if cases:
         lines += [
-            "| case | frames | frames/s | ack p50 (ms) | ack p99 (ms) | query p50 (ms) | query p99 (ms) "
-            "| queries |",
-            "|---|---|---|---|---|---|---|---|",
+            "| case | frames | frames/s | per client | ack p50 (ms) | ack p99 (ms) | query p50 (ms) "
+            "| query p99 (ms) | queries | slice p50 (ms) | slice p99 (ms) | slices |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
     for cs in cases:
         fps = cs.frames / cs.seconds if cs.seconds > 0 else float("nan")
         q50 = f"{pct(cs.qlat, 50):.1f}" if cs.qlat else "-"
         q99 = f"{pct(cs.qlat, 99):.1f}" if cs.qlat else "-"
         lat = f"{pct(cs.lat, 50):.0f} | {pct(cs.lat, 99):.0f}"
-        lines.append(f"| {cs.name} | {cs.frames} | {fps:.2f} | {lat} | {q50} | {q99} | {len(cs.qlat)} |")
+        s50 = f"{pct(cs.slat, 50):.1f}" if cs.slat else "-"
+        s99 = f"{pct(cs.slat, 99):.1f}" if cs.slat else "-"
+        lines.append(
+            f"| {cs.name} | {cs.frames} | {fps:.2f} | {fps / cs.clients:.2f} | {lat} | {q50} | {q99} "
+            f"| {len(cs.qlat)} | {s50} | {s99} | {len(cs.slat)} |"
+        )
     if cases:
         lines += [
             "",

@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_outputs import shell_map  # noqa: E402
 
 from mapper import sim  # noqa: E402
-from mapper.api.service import save_new_map  # noqa: E402
 from mapper.client import MapperClient  # noqa: E402
 from mapper.persistence import DataDir  # noqa: E402
+from mapper.store import save_new_map  # noqa: E402
 
 ARGS = ["--use-gl=angle", "--use-angle=swiftshader", "--enable-unsafe-swiftshader", "--no-sandbox"]
 

@@ -223,6 +223,7 @@ def cmd_serve(args) -> int:
         port=settings.port,
         log_level=settings.log_level.lower(),
         ws_max_size=settings.max_body_bytes,
+        ws_per_message_deflate=settings.ws_compression,  # off: no inflate of every frame on the loop
         # after the drain (SIGTERM -> acks sent, streams closed: mapper.api.shutdown), the HTTP requests
         # still running get as long again; then the lifespan snapshots every map
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
@@ -360,8 +361,8 @@ def _send_ws(s, f, kind, i, with_color) -> list[dict]:
 
 def replay_offline(args, ds, kind: str, idx: list[int]) -> dict:
     from . import Map
-    from .api.service import check_name, find_map_dir, save_new_map
     from .persistence import DataDir
+    from .store import check_name, find_map_dir, save_new_map
 
     data = DataDir(Path(args.out))
     name = args.name or default_map_name(args.path)
@@ -514,8 +515,8 @@ def _export_server(args) -> None:
 def _export_local(args) -> None:
     import shutil
 
-    from .api.service import find_map_dir, recover_map
     from .persistence import DataDir
+    from .store import find_map_dir, recover_map
 
     data = DataDir(Path(args.data_dir), fsync=False)
     mdir = find_map_dir(data, args.map)

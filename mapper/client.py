@@ -316,7 +316,11 @@ class FrameStream:
         from websockets.sync.client import connect
 
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        self._conn = connect(url, additional_headers=headers, max_size=None, open_timeout=30)
+        # no permessage-deflate: float32 points barely compress, and deflating a LiDAR frame costs more
+        # than sending it (and the server an inflate per frame on its event loop)
+        self._conn = connect(
+            url, additional_headers=headers, max_size=None, open_timeout=30, compression=None
+        )
         self._ws = self._conn.__enter__()  # websockets >= 17 wants connect() used as a context manager
         self.window = max(1, int(window))
         self.raise_errors = raise_errors

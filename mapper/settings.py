@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     queue_depth: int = Field(64, gt=0)
     max_batch: int = Field(16, gt=0)
     ws_max_in_flight: int = Field(256, gt=0)
+    # permessage-deflate on WebSocket streams (off: LiDAR frames of float32 points shrink by ~8 % for a
+    # zlib inflate of every frame on the event loop, ~10 ms per 1.4 MB frame; NOTES.md issue 13)
+    ws_compression: bool = False
     max_pose_translation_m: float = Field(1e6, gt=0)  # per axis; also bounded by each map's key range
     # memory (bytes); unset = sized to the machine when the service starts (mapper/budget.py): all maps
     # together 50 % of RAM (60 % of GPU memory with CUDA), one map the same, one read RAM / 32
@@ -77,6 +80,12 @@ class Settings(BaseSettings):
     query_threads: int = Field(4, gt=0)
     # map writers run this many nice steps below reads (Linux, per thread): reads first when cores are short
     writer_nice: int = Field(5, ge=0, le=19)
+    # map writers integrating at once; maps take turns round-robin, one batch each (0 = auto: 2 on a GPU,
+    # so that one map's host work overlaps another's kernels on its own stream; cores / 2 on the CPU)
+    writer_slots: int = Field(0, ge=0, le=64)
+    # threads decoding and validating incoming frames (all maps; 0 = auto: half the cores, 2 to 8), apart
+    # from the threads reads use, so that a burst of frames never queues a read's request parsing
+    decode_threads: int = Field(0, ge=0, le=64)
     # SIGTERM: streams ack what they took and close within this (then uvicorn waits as long for the
     # HTTP requests still running, then every map is snapshotted); see mapper.api.shutdown
     shutdown_grace_s: float = Field(20.0, gt=0)

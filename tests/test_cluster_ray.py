@@ -19,10 +19,10 @@ import torch
 from test_service_helpers import scan
 
 from mapper import Map
-from mapper.api.service import save_new_map
 from mapper.client import ApiError, MapperClient
 from mapper.persistence import DataDir, MapDir, load_snapshot_file
 from mapper.settings import Settings
+from mapper.store import save_new_map
 
 ray = pytest.importorskip(
     "ray", reason="ray is not installed (pip install 'mapper[ray]'): cluster tests skip"

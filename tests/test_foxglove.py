@@ -173,9 +173,9 @@ def test_quaternion_matches_rotation():
 def test_cli_export_mcap_offline_and_serve_flag(tmp_path):
     from mcap.reader import make_reader
 
-    from mapper.api.service import save_new_map
     from mapper.cli import build_parser, main
     from mapper.persistence import DataDir
+    from mapper.store import save_new_map
 
     m = Map(0.25, layers=("tsdf",), device="cpu")
     for i in range(2):

@@ -24,8 +24,8 @@ from test_service_helpers import READ_TOKEN, TOKEN, client, free_port, scan, set
 from mapper import Map, wire
 from mapper.api import create_app
 from mapper.api.deps import attachment
-from mapper.api.service import encode_record
 from mapper.persistence import DataDir
+from mapper.store import encode_record
 
 CT = {"content-type": wire.MSGPACK}
 POINTS = [[5.9, 0.0, 0.0], [0.0, 5.9, 0.0], [3.0, -5.9, 0.0], [-5.9, 2.0, -0.5]]
@@ -245,7 +245,7 @@ def test_a_bad_stored_name_fails_that_map_only(tmp_path):
 
 
 def test_offline_save_refuses_a_bad_name(tmp_path):
-    from mapper.api.service import save_new_map
+    from mapper.store import save_new_map
 
     m = Map(voxel_size_m=0.25, layers=("tsdf",), device="cpu")
     for name in ("../../etc/passwd", "a\r\nb", 12345):

@@ -70,11 +70,12 @@ def test_read_during_a_long_batch_returns_the_previous_version(tmp_path, device)
             assert release.wait(60)
             return res
 
-        if sys.platform.startswith("linux"):  # the writer runs MAPPER_WRITER_NICE (5) steps below the reads
+        if sys.platform.startswith("linux"):  # the writer runs MAPPER_WRITER_NICE steps below the reads
             import os
 
             nice = entry.executor.submit(os.getpriority, os.PRIO_PROCESS, 0).result()
-            assert nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
+            step = entry.settings.writer_nice
+            assert step > 0 and nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + step)
         entry._apply = slow_apply
         ack: list[dict] = []
         t = threading.Thread(target=lambda: ack.append(_post(c, mid, 1)))
@@ -248,7 +249,7 @@ def test_sigkill_during_group_commit_loses_no_acknowledged_frame(tmp_path):
     acked = {a["frame_id"]: a["seq"] for k in acks for a in acks[k]}
     assert len(acked) >= 20
     # the log as the kill left it (read like recovery does): every acknowledged frame is there, under its seq
-    from mapper.api.service import decode_record
+    from mapper.store import decode_record
 
     logged = {}
     for seq, payload in DataDir(data).map_dir(mid).replay(0):

@@ -158,6 +158,12 @@ class Metrics:
             Histogram, "mapper_map_query_seconds", "Read latency per map", ["kind"], buckets=LATENCY_BUCKETS
         )
         self.map_version = per_map(Gauge, "mapper_map_version", "The map's last published version")
+        self.turn_wait = per_map(
+            Histogram,
+            "mapper_writer_turn_wait_seconds",
+            "A map's writer waiting for its turn (MAPPER_WRITER_SLOTS, round-robin between maps) per batch",
+            buckets=LATENCY_BUCKETS,
+        )
         self.version_lag = per_map(
             Histogram,
             "mapper_read_version_lag",

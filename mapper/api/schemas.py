@@ -6,12 +6,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..store import NAME_PATTERN
+
 Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Positive = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
 Coord = Annotated[float, Field(strict=True, ge=-1e6, le=1e6, allow_inf_nan=False)]  # metres; +-1000 km
 Vec3 = Annotated[list[Coord], Field(min_length=3, max_length=3)]
 LayerName = Literal["tsdf", "color", "occupancy", "esdf"]
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 MapId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 

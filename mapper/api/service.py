@@ -1,12 +1,20 @@
-"""The map registry and the per-map writers (no HTTP here).
+"""The map registry and the per-map ingest pipelines (no HTTP here).
+
+One way in for a frame: the route reads the message, ``MapEntry.prepare`` (in a thread, off the event loop
+and off the writer) validates it once (``wire.parse_frame``), checks its pose against the map's range,
+builds its WAL record and bounds its memory growth; ``MapEntry.submit`` queues it; the map's writer logs it
+(``mapper.store`` formats, group commit) and applies it (``store.apply``: the one call that enters the map,
+live and on replay).
 
 Concurrency model:
 * Each map has one **writer**: a single-thread executor that owns every mutation of the map (frames,
-  clear, decay, ESDF updates, snapshot captures). An asyncio task feeds it batches from the map's bounded
-  queue: track the batch's LiDAR frames (a frame without a pose is registered here and its record gets
-  the estimated pose), append the records to the WAL, fsync once (group commit), integrate them, update
-  the ESDF once, **publish** a read view of the result (``Map.read_view``: copy-on-write, it shares the
-  pages the next batches do not touch), then resolve the callers' futures (the acks).
+  clear, decay, ESDF updates, snapshot captures); on CUDA it runs on the map's own stream. An asyncio task
+  feeds it batches from the map's bounded queue: take a **turn** (``FairTurns``: ``MAPPER_WRITER_SLOTS``
+  writers at once, first come first served, so maps share the device round-robin, one batch each), track
+  the batch's pose-less LiDAR frames (their records get the estimated pose), append the records to the WAL,
+  fsync once (group commit), integrate them, update the ESDF once, **publish** a read view of the result
+  (``Map.read_view``: copy-on-write, it shares the pages the next batches do not touch), give the turn
+  back, then resolve the callers' futures (the acks).
 * **Reads never wait for writes.** Queries, slices, boxes, meshes and stats run on a shared thread pool on
   the last published view (``MapEntry.view``), with no lock: a read that starts during a batch answers
   for the version before it. Every read reports the ``map_version`` it read; versions of a map only grow,
@@ -17,12 +25,11 @@ Concurrency model:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
 import os
-import re
-import secrets
 import sys
 import threading
 import time
@@ -35,12 +42,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import budget, warmup, wire
+from .. import budget, store, warmup, wire
+from .._validation import check_translation
 from ..errors import (
     Conflict,
     InsufficientStorage,
     InvalidArgument,
-    InvalidArgumentType,
     MapperError,
     NotFound,
     OutOfDeviceMemory,
@@ -48,84 +55,78 @@ from ..errors import (
 from ..map import Map
 from ..persistence import DataDir, MapDir, Snapshot, load_snapshot_bytes
 from ..settings import Settings
+from ..store import check_name, new_map_id, recover_map
 from . import memory
 from .errors import Busy, Unavailable
 from .metrics import Metrics
 
 log = logging.getLogger("mapper.service")
 
-DURABLE_OPS = ("frame", "clear", "decay", "clear_outside")
 
+@dataclass
+class Prepared:
+    """A frame ready for a map's pipeline (``MapEntry.prepare``, off the event loop and off the writer):
+    validated once by ``wire.parse_frame``, its pose inside the map's coordinate range, its WAL record
+    built (None for a LiDAR frame without a pose: built once, after tracking) and its growth bound."""
 
-class FeatureUnavailable(Unavailable):
-    """The installed mapper library lacks the method this endpoint needs (HTTP 503)."""
-
-
-def require(m: Map, method: str):
-    fn = getattr(m, method, None)
-    if fn is None:
-        raise FeatureUnavailable(f"Map.{method} is not available in this version of mapper")
-    return fn
-
-
-def stage_timings(m: Map) -> dict[str, float]:
-    """Per-stage times (ms) of the map's last operation, without the O(map) work of ``stats()``."""
-    return m.timings_ms()
+    frame: wire.Frame
+    record: bytes | None
+    growth: budget.Growth | None
 
 
 @dataclass
 class Op:
     """One unit of work for a map's writer."""
 
-    kind: str  # "frame" | "clear" | "decay" | "clear_outside"
+    kind: str  # one of store.DURABLE_OPS
     args: Any  # a wire.Frame or the operation's dict
-    record: bytes  # the WAL payload
+    record: bytes | None  # the WAL payload (None until a pose-less LiDAR frame is tracked)
     future: asyncio.Future
     t0: float = field(default_factory=time.perf_counter)
     seq: int = 0
     error: BaseException | None = None  # failed before logging (tracking): never written to the WAL
     registration: dict | None = None  # ICP statistics of a frame whose pose the map estimated
-    growth: Any = None  # mapper.budget.Growth computed before queueing (MapEntry.bound), or None
+    growth: Any = None  # mapper.budget.Growth computed before queueing (MapEntry.prepare), or None
+    tracked: bool = False  # the writer tracked this LiDAR frame before logging it
 
 
 _STOP = object()
+STAGE_SAMPLE_S = 2.0  # CUDA: per-stage frame times are read (a device sync) once per this per map
 
 
-def apply_op(m: Map, kind: str, args, track: bool = True) -> dict:
-    """Apply one operation to a map (the live path and WAL replay share this). ``track=False``: the LiDAR
-    frame was already tracked (the live writer tracks a batch before logging it)."""
-    if kind == "frame":
-        f = args
-        if isinstance(f, wire.LidarFrame):
-            return m.integrate_lidar(f.points, f.T_world_sensor, estimated=f.pose_estimated, track=track)
-        return m.integrate_depth(f.depth_m, f.K, f.T_world_sensor, color=f.color)
-    if kind == "clear":
-        return m.clear(args.get("aabb_min"), args.get("aabb_max"))
-    if kind == "decay":
-        return m.decay(args["factor"], args["threshold"])
-    if kind == "clear_outside":
-        return m.clear_outside(args["center_m"], args["radius_m"])
-    raise InvalidArgument(f"op: unknown operation {kind!r}")
+class FairTurns:
+    """The writers' turns (``MAPPER_WRITER_SLOTS`` at a time), handed out first come, first served: a
+    writer takes a turn per batch, and a map that gives its turn back while another map waits queues
+    behind it. Many maps share the device round-robin, one batch (at most ``MAPPER_MAX_BATCH`` operations)
+    each: a flooded map delays another map's batch by at most one of its own per slot."""
 
+    def __init__(self, slots: int):
+        self.free = slots
+        self.waiters: collections.deque[asyncio.Future] = collections.deque()
 
-def encode_record(kind: str, args) -> bytes:
-    if kind == "frame":
-        rec = {"op": "frame", "frame": wire.frame_to_wire(args)}
-        if getattr(args, "pose_estimated", False):
-            rec["pose_estimated"] = True  # the map's own estimate: replay reproduces the tracking state
-        return wire.packb(rec)
-    return wire.packb({"op": kind, **args})
+    async def acquire(self) -> None:
+        if self.free > 0 and not self.waiters:
+            self.free -= 1
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # handed over as we were cancelled: pass it on
+                self.release()
+            else:
+                with contextlib.suppress(ValueError):
+                    self.waiters.remove(fut)
+            raise
 
-
-def decode_record(payload: bytes, limits: wire.Limits) -> tuple[str, Any]:
-    rec = wire.unpackb(payload)
-    kind = rec.pop("op")
-    if kind == "frame":
-        frame = wire.parse_frame(rec["frame"], limits)
-        if isinstance(frame, wire.LidarFrame) and frame.T_world_sensor is not None:
-            frame.pose_estimated = bool(rec.get("pose_estimated", False))
-        return kind, frame
-    return kind, rec
+    def release(self) -> None:
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # handed over directly: nobody can jump the queue
+                return
+        self.free += 1
 
 
 class MapEntry:
@@ -152,11 +153,13 @@ class MapEntry:
         self.last_snapshot: Snapshot | None = None
         self.esdf_dirty = "esdf" in m.layers
         self.queue: asyncio.Queue = asyncio.Queue(self.settings.queue_depth)
+        # the map's own CUDA stream: its batches' kernels do not queue behind another map's (None on CPU)
+        self.stream = torch.cuda.Stream(m.device) if m.device.type == "cuda" else None
         self.executor = ThreadPoolExecutor(
             1,
             thread_name_prefix=f"map-{self.id}",
-            initializer=_lower_priority,
-            initargs=(self.settings.writer_nice,),
+            initializer=_writer_thread,
+            initargs=(self.settings.writer_nice, self.stream),
         )
         self.wal = mdir.open_wal(last_seq + 1)
         self.wal_bytes_since_snapshot = 0
@@ -164,6 +167,7 @@ class MapEntry:
         self.closed = False
         self.task: asyncio.Task | None = None
         self.stats_time = 0.0
+        self.stage_time = -math.inf  # when the per-stage times of a frame were last read (CUDA: a sync)
         self.quarantined: list[dict] = []  # notes of WAL records that failed on replay (MapDir.quarantine)
         self.in_flight = 0  # operations queued or being processed whose future is not resolved yet
         self.budget: int = info.get("memory_budget_bytes") or service.map_budget
@@ -178,13 +182,27 @@ class MapEntry:
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"writer-{self.id}")
 
-    def _op(self, kind: str, args, record: bytes | None = None, growth=None) -> Op:
-        if self.closed:
-            raise NotFound(f"map {self.id!r} is being deleted or the service is stopping")
-        if kind == "frame" and args.T_world_sensor is not None:
-            self.map.check_sensor_pose(args.T_world_sensor)  # inside the map's range, before it is logged
-        rec = record if record is not None else encode_record(kind, args)
-        return Op(kind, args, rec, asyncio.get_running_loop().create_future(), growth=growth)
+    def prepare(self, data: bytes | dict) -> Prepared:
+        """Any thread but the event loop's and the writer's (the route's decode thread): a frame message
+        (msgpack bytes or a decoded dict) -> a ``Prepared`` frame. The one validation of the frame
+        (``wire.parse_frame``), the pose's range check against the map, the WAL record (posed frames) and
+        the growth bound (``mapper.budget``, on the published view). Raises the library's errors (4xx)."""
+        msg = wire.unpackb(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+        frame = wire.parse_frame(msg, self.service.limits)
+        if frame.T_world_sensor is None:
+            return Prepared(frame, None, None)
+        view = self.view
+        check_translation(
+            "T_world_sensor",
+            frame.T_world_sensor[:3, 3].tolist(),
+            view.coordinate_limit_m,
+            f"the map's coordinate range: 2^20 voxels of {view.voxel_size_m:g} m",
+        )
+        return Prepared(frame, store.encode_record("frame", frame), self.bound(frame))
+
+    async def decode(self, data: bytes | dict) -> Prepared:
+        """``prepare(data)`` on the service's decode threads (``MAPPER_DECODE_THREADS``)."""
+        return await asyncio.get_running_loop().run_in_executor(self.service.decode_pool, self.prepare, data)
 
     def bound(self, frame) -> budget.Growth | None:
         """Any thread, before queueing: the growth bound of a posed frame (``mapper.budget``: it depends on
@@ -202,23 +220,35 @@ class MapEntry:
         except Exception:
             return None
 
-    def submit_nowait(self, kind: str, args, record: bytes | None = None, growth=None) -> asyncio.Future:
-        """Queue an operation or raise ``Busy`` when the map's queue is full (HTTP ingest)."""
-        op = self._op(kind, args, record, growth)
-        try:
-            self.queue.put_nowait(op)
-        except asyncio.QueueFull:
-            raise Busy(
-                f"map {self.id!r}: queue full ({self.settings.queue_depth} operations); retry"
-            ) from None
-        self.in_flight += 1
-        self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
-        return op.future
+    async def submit(self, frame: Prepared, *, wait: bool) -> asyncio.Future:
+        """The one way in for a frame: queue it for the map's pipeline (WAL append + group fsync, then
+        ``store.apply`` on the writer) and return the future of its ack. ``wait``: wait for room in the
+        map's queue (WebSocket backpressure); else raise ``Busy`` (HTTP 429) when the queue is full."""
+        return await self._queue(
+            Op("frame", frame.frame, frame.record, self._future(), growth=frame.growth), wait
+        )
 
-    async def submit(self, kind: str, args, record: bytes | None = None, growth=None) -> asyncio.Future:
-        """Queue an operation, waiting for room (WebSocket backpressure, maintenance operations)."""
-        op = self._op(kind, args, record, growth)
-        await self.queue.put(op)
+    async def maintain(self, kind: str, args: dict) -> asyncio.Future:
+        """Queue a maintenance operation (``clear``, ``decay``, ``clear_outside``), waiting for room."""
+        if kind not in store.DURABLE_OPS or kind == "frame":
+            raise InvalidArgument(f"op: unknown maintenance operation {kind!r}")
+        return await self._queue(Op(kind, args, store.encode_record(kind, args), self._future()), True)
+
+    def _future(self) -> asyncio.Future:
+        if self.closed:
+            raise NotFound(f"map {self.id!r} is being deleted or the service is stopping")
+        return asyncio.get_running_loop().create_future()
+
+    async def _queue(self, op: Op, wait: bool) -> asyncio.Future:
+        if wait:
+            await self.queue.put(op)
+        else:
+            try:
+                self.queue.put_nowait(op)
+            except asyncio.QueueFull:
+                raise Busy(
+                    f"map {self.id!r}: queue full ({self.settings.queue_depth} operations); retry"
+                ) from None
         self.in_flight += 1
         self.metrics.queue_depth.labels(self.id).set(self.queue.qsize())
         return op.future
@@ -265,6 +295,9 @@ class MapEntry:
             op = await self.queue.get()
             if op is _STOP:
                 break
+            t = time.perf_counter()
+            await self.service.turns.acquire()  # round-robin between maps, one batch per turn
+            self.metrics.turn_wait.labels(self.id).observe(time.perf_counter() - t)
             batch = [op]
             while len(batch) < self.settings.max_batch and not self.queue.empty():
                 nxt = self.queue.get_nowait()
@@ -280,7 +313,9 @@ class MapEntry:
                 log.exception("map %s: batch failed", self.id)
                 results = [e] * len(batch)
                 if isinstance(e, asyncio.CancelledError):
+                    self.service.turns.release()
                     raise
+            self.service.turns.release()
             for o, res in zip(batch, results, strict=True):
                 if o.future.done():
                     continue
@@ -306,11 +341,17 @@ class MapEntry:
         batch is reported failed, and a restart replays the log, which is self-consistent.)
 
         No map lock: only this thread touches the tracking state (snapshot captures run here too), and
-        queries never read it."""
-        for op in batch:
+        queries never read it.
+
+        Only a batch with a pose-less scan needs this pass (over its LiDAR frames up to the last pose-less
+        one, in order, so that each estimate sees the scans before it); every other frame is tracked by
+        ``Map.integrate_lidar`` itself: the map is entered once per posed frame."""
+        last = max((i for i, op in enumerate(batch) if _needs_pose(op)), default=-1)
+        for op in batch[: last + 1]:
             f = op.args
             if op.kind != "frame" or not isinstance(f, wire.LidarFrame):
                 continue
+            op.tracked = True
             t = time.perf_counter()
             try:
                 T, info = self.map.track_lidar(f.points, f.T_world_sensor)
@@ -329,7 +370,7 @@ class MapEntry:
                 f.T_world_sensor = T.cpu().numpy().copy()
                 f.pose_estimated = True
                 op.registration = info
-                op.record = encode_record("frame", f)
+                op.record = store.encode_record("frame", f)  # built once: the frame came without a pose
 
     def _admit(self, batch: list[Op]) -> None:
         """Writer thread, before logging: refuse (``InsufficientStorage``, HTTP 507) every frame whose
@@ -436,13 +477,12 @@ class MapEntry:
 
     def _apply(self, op: Op) -> dict:
         t = time.perf_counter()
-        res = apply_op(self.map, op.kind, op.args, track=False)
+        res = store.apply(self.map, op.kind, op.args, track=not op.tracked)
         dt = time.perf_counter() - t
         if op.kind != "frame":
             return {"seq": op.seq, **_jsonable(res)}
         f = op.args
-        for stage, ms in stage_timings(self.map).items():
-            self.metrics.stage.labels(stage).observe(ms / 1e3)
+        self._stage_metrics()
         self.metrics.integrate.labels(f.kind).observe(dt)
         self.metrics.frames.labels(self.id, f.kind).inc()
         self.metrics.points.labels(self.id, "used").inc(res["points_used"])
@@ -464,6 +504,17 @@ class MapEntry:
         if op.registration is not None:
             ack["registration"] = _jsonable(op.registration)
         return ack
+
+    def _stage_metrics(self) -> None:
+        """Per-stage times of the frame just integrated, into ``mapper_stage_seconds``. On CUDA reading them
+        synchronises the whole device (``Map.timings_ms``: every map's stream and every read's), so there
+        they are sampled: one frame per ``STAGE_SAMPLE_S`` per map; on the CPU every frame."""
+        now = time.monotonic()
+        if self.map.device.type == "cuda" and now - self.stage_time < STAGE_SAMPLE_S:
+            return
+        self.stage_time = now
+        for stage, ms in self.map.timings_ms().items():
+            self.metrics.stage.labels(stage).observe(ms / 1e3)
 
     def _update_esdf(self) -> None:
         t = time.perf_counter()
@@ -573,6 +624,10 @@ class MapEntry:
         }
 
 
+def _needs_pose(op: Op) -> bool:
+    return op.kind == "frame" and isinstance(op.args, wire.LidarFrame) and op.args.T_world_sensor is None
+
+
 def _make_view(m: Map) -> Map:
     """``m.read_view()``; on CUDA with an event recorded after the writer's work so far, which readers on
     their own streams wait for (on the device, no host sync)."""
@@ -603,6 +658,16 @@ def _run_on_view(fn, view: Map):
             return fn(view)
     finally:
         stream.synchronize()
+
+
+def _writer_thread(nice: int, stream) -> None:
+    """Initializer of a map's writer thread: its priority (``_lower_priority``) and, on CUDA, the map's
+    stream as the thread's current stream (every kernel of the map's batches, ESDF updates and snapshot
+    captures runs on it), after the work queued so far on the default stream (the map was built there)."""
+    _lower_priority(nice)
+    if stream is not None:
+        stream.wait_stream(torch.cuda.default_stream(stream.device))
+        torch.cuda.set_stream(stream)
 
 
 def _lower_priority(nice: int) -> None:
@@ -663,61 +728,6 @@ def _jsonable(obj):
     return obj
 
 
-def recover_map(
-    mdir: MapDir, device, quarantined: list | None = None
-) -> tuple[Map, dict, Snapshot | None, int, int]:
-    """Load a map from its directory: the newest snapshot, then the WAL records after it (a torn tail is
-    truncated). A record that fails (any exception) is quarantined (``MapDir.quarantine``: kept aside with
-    its error, appended to ``quarantined`` as ``(seq, error)``) and replay goes on: one bad record never
-    makes a map unrecoverable. Returns (map, info, snapshot or None, last seq, records replayed)."""
-    from ..persistence import load_snapshot_file
-
-    info = check_info(mdir.read_info(), mdir.id)
-    snap = mdir.latest_snapshot()
-    if snap is not None:
-        tensors, meta = load_snapshot_file(snap.path)
-        m = Map.from_state_dict(tensors, meta, device=device)
-    else:
-        m = Map(**info["config"], device=device)
-    last = snap.seq if snap is not None else 0
-    replayed = 0
-    unlimited = wire.Limits(1 << 62, 1 << 62, 1 << 62, math.inf)
-    for seq, payload in mdir.replay(last):
-        try:
-            kind, args = decode_record(payload, unlimited)
-            apply_op(m, kind, args)
-        except Exception as e:  # the record stays a no-op; kept aside for inspection
-            error = f"{type(e).__name__}: {e}"[:2000]
-            log.warning("map %s: record %d failed on replay (%s); quarantined", mdir.id, seq, error)
-            try:
-                mdir.quarantine(seq, payload, error)
-            except OSError:
-                log.exception("map %s: could not quarantine record %d", mdir.id, seq)
-            if quarantined is not None:
-                quarantined.append((seq, error))
-        last = seq
-        replayed += 1
-    log.info(
-        "map %s: snapshot %s + %d WAL records (last seq %d)",
-        mdir.id,
-        snap.seq if snap else None,
-        replayed,
-        last,
-    )
-    return m, info, snap, last, replayed
-
-
-def check_name(name, what: str = "name") -> str:
-    """A map name as ``POST /v1/maps`` accepts it (``NAME_PATTERN``); raises ``InvalidArgument``."""
-    from .schemas import NAME_PATTERN
-
-    if not isinstance(name, str):
-        raise InvalidArgumentType(f"{what}: expected a string, got {type(name).__name__}")
-    if not re.fullmatch(NAME_PATTERN, name):
-        raise InvalidArgument(f"{what}: {name[:80]!r} does not match {NAME_PATTERN}")
-    return name
-
-
 def check_snapshot_meta(meta: dict) -> str | None:
     """The metadata of an imported snapshot, checked like a create request: the config through
     ``MapCreate`` (types, ranges, layers), the stored name (if any) through ``check_name``. Returns the
@@ -742,22 +752,6 @@ def check_snapshot_meta(meta: dict) -> str | None:
         raise InvalidArgument("snapshot: info is not an object")
     name = info.get("name")
     return None if name is None else check_name(name, "snapshot: info.name")
-
-
-def check_info(info, map_id: str) -> dict:
-    """A map's ``info.json`` as the service wrote it (id of its directory, a valid name, a config dict)."""
-    if not isinstance(info, dict):
-        raise InvalidArgument("info.json: not an object")
-    if info.get("id") != map_id:
-        raise InvalidArgument(f"info.json: id {info.get('id')!r} is not the directory's {map_id!r}")
-    check_name(info.get("name"), "info.json: name")
-    if not isinstance(info.get("config"), dict):
-        raise InvalidArgument("info.json: config is not an object")
-    return info
-
-
-def new_map_id() -> str:
-    return "m" + secrets.token_urlsafe(9).replace("-", "x").replace("_", "y")
 
 
 class MapService:
@@ -790,6 +784,9 @@ class MapService:
         )
         metrics.registry.register(memory.MemoryCollector(self.work))
         self.query_pool = ThreadPoolExecutor(settings.query_threads, thread_name_prefix="query")
+        self.turns = FairTurns(writer_slots(settings.writer_slots, self.device))
+        decoders = settings.decode_threads or max(2, min(8, (os.cpu_count() or 2) // 2))
+        self.decode_pool = ThreadPoolExecutor(decoders, thread_name_prefix="decode")
         self.ready = asyncio.Event()
         self.stopping = False
         self.draining = asyncio.Event()  # set by drain(): WebSocket streams stop reading, ack and close
@@ -849,6 +846,7 @@ class MapService:
                 log.exception("map %s: close failed", e.id)
         self.maps.clear()
         self.query_pool.shutdown(wait=True)
+        self.decode_pool.shutdown(wait=True)
         if getattr(self, "_own_triton_cache", False):  # leave the environment as it was (tests, embedding)
             os.environ.pop("TRITON_CACHE_DIR", None)
 
@@ -1050,6 +1048,13 @@ class MapService:
             self.metrics.maps.set(len(self.maps))
 
 
+def writer_slots(setting: int, device: torch.device) -> int:
+    """``MAPPER_WRITER_SLOTS``, 0 resolved: 2 on a GPU, half the cores (at least 1) on the CPU."""
+    if setting > 0:
+        return setting
+    return 2 if device.type == "cuda" else max(1, (os.cpu_count() or 2) // 2)
+
+
 def finite(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
@@ -1067,40 +1072,3 @@ def triton_cache_dir(data_dir) -> str:
 def data_dir_free_bytes(path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
-
-
-def save_new_map(data: DataDir, m: Map, name: str | None = None) -> dict:
-    """Write a map built offline into a data directory (snapshot, then info), as the service would store it;
-    ``mapper serve`` with that ``MAPPER_DATA_DIR`` serves it. Returns its info. ``name`` must match
-    ``NAME_PATTERN`` (``InvalidArgument`` otherwise)."""
-    if name is not None:
-        check_name(name)
-    map_id = new_map_id()
-    info = {
-        "id": map_id,
-        "name": name or map_id,
-        "created": datetime.now(UTC).isoformat(timespec="milliseconds"),
-        "config": m.config(),
-    }
-    mdir = data.map_dir(map_id)
-    mdir.root.mkdir(parents=True, exist_ok=True)
-    tensors, meta = m.state_dict()
-    mdir.write_snapshot(0, tensors, {**meta, "info": info})
-    mdir.write_info(info)
-    return info
-
-
-def find_map_dir(data: DataDir, id_or_name: str) -> MapDir:
-    """The directory of a map by id or name (raises ``NotFound``)."""
-    import json
-
-    for map_id in data.map_ids():
-        mdir = data.map_dir(map_id)
-        if map_id == id_or_name:
-            return mdir
-        try:
-            if json.loads((mdir.root / "info.json").read_text()).get("name") == id_or_name:
-                return mdir
-        except (OSError, ValueError):
-            continue
-    raise NotFound(f"map {id_or_name!r} not found in {data.root}")

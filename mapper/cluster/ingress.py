@@ -883,6 +883,7 @@ class StreamRelay:
                     additional_headers={"Authorization": f"Bearer {token}"},
                     max_size=self.router.settings.max_body_bytes,
                     open_timeout=30,
+                    compression=None,  # no deflate/inflate of every frame (NOTES.md issue 13)
                 )
                 break
             except OSError:

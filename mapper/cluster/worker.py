@@ -84,6 +84,7 @@ class MapWorker:
             port=0,
             log_level="warning",
             ws_max_size=self.settings.max_body_bytes,
+            ws_per_message_deflate=self.settings.ws_compression,
             lifespan="on",
         )
         self.server = uvicorn.Server(config)

@@ -15,20 +15,13 @@ from ...errors import MapperError
 from ..deps import EntryDep, ReadAuth, WriteAuth, check_token, is_msgpack_body, read_message, reply
 from ..errors import PayloadTooLarge, error_body, status_of
 from ..schemas import FRAME_BODY, Ack, ErrorBody
-from ..service import MapEntry, encode_record
+from ..service import MapEntry
 
 log = logging.getLogger("mapper.api.frames")
 ERRORS = {c: {"model": ErrorBody} for c in (400, 401, 403, 404, 413, 422, 429, 503, 507)}
 router = APIRouter(prefix="/v1/maps", tags=["frames"])
+WS_DECODE_AHEAD = 4  # frames of one stream decoded at once
 SHUTDOWN_REASON = "service restarting: every frame taken is acknowledged; resend the rest elsewhere or later"
-
-
-def _decode(body_or_msg, entry: MapEntry, msgpack_body: bool):
-    """Thread (off the event loop and the map's writer): bytes or dict -> (frame, WAL record, its memory
-    growth bound or None)."""
-    msg = wire.unpackb(body_or_msg) if msgpack_body else body_or_msg
-    frame = wire.parse_frame(msg, entry.service.limits)
-    return frame, encode_record("frame", frame), entry.bound(frame)
 
 
 @router.post(
@@ -42,14 +35,9 @@ async def post_frame(request: Request, entry: EntryDep):
     """Integrate one frame. The ack comes after the frame is in the write-ahead log (fsync'd) and in the
     map: a query sent after the ack sees it. 429 when the map's queue is full (retry)."""
     t0 = time.perf_counter()
-    if is_msgpack_body(request):
-        body = await request.body()
-        frame, record, growth = await asyncio.to_thread(_decode, body, entry, True)
-    else:
-        msg = await read_message(request)
-        frame, record, growth = await asyncio.to_thread(_decode, msg, entry, False)
-    fut = entry.submit_nowait("frame", frame, record, growth)
-    ack = await fut
+    body = await (request.body() if is_msgpack_body(request) else read_message(request))
+    frame = await entry.decode(body)  # validated once, on a decode thread (off the loop and the writer)
+    ack = await (await entry.submit(frame, wait=False))  # WAL (fsync'd) -> map -> published version
     dt = time.perf_counter() - t0
     entry.metrics.ack.labels("http").observe(dt)
     entry.metrics.map_ack.labels(entry.id, "http").observe(dt)
@@ -109,7 +97,37 @@ async def stream_frames(ws: WebSocket, map_id: str):
                 msg = {"type": "internal_error", "detail": type(e).__name__, "status": 500}
             await ws.send_bytes(wire.packb(msg))
 
+    # decoded frames in arrival order: each decode runs in a thread as soon as its message is read, so a
+    # stream decodes several frames at once (as several HTTP clients would); the submitter takes them in
+    # order, so the acks keep the frames' order
+    decoded: asyncio.Queue = asyncio.Queue(min(WS_DECODE_AHEAD, settings.ws_max_in_flight))
+
+    async def submit_frames():
+        while True:
+            item = await decoded.get()
+            if item is None:
+                await pending.put(None)
+                return
+            task, t0 = item
+            fid = None
+            try:
+                frame = await task
+                fid = frame.frame.frame_id
+                fut = await entry.submit(frame, wait=True)  # waits while the map's queue is full
+            except Exception as e:  # a bad frame: its error takes its place in the acks
+                fut = loop.create_future()
+                fut.set_exception(e)
+            await pending.put((fut, t0, fid))  # waits while too many acks are outstanding
+
+    def take(data) -> asyncio.Future:
+        if data is None:
+            raise wire.MalformedMessage("stream: send frames as binary msgpack messages")
+        if len(data) > settings.max_body_bytes:
+            raise PayloadTooLarge(f"frame: {len(data)} bytes exceed MAPPER_MAX_BODY_BYTES")
+        return loop.create_task(entry.decode(data))
+
     sender = loop.create_task(send_acks())
+    submitter = loop.create_task(submit_frames())
     service = entry.service
     service.streams += 1
     draining = loop.create_task(service.draining.wait())
@@ -124,21 +142,13 @@ async def stream_frames(ws: WebSocket, map_id: str):
             if message["type"] == "websocket.disconnect":
                 break
             t0 = time.perf_counter()
-            data = message.get("bytes")
-            fut = loop.create_future()
-            fid = None
             try:
-                if data is None:
-                    raise wire.MalformedMessage("stream: send frames as binary msgpack messages")
-                if len(data) > settings.max_body_bytes:
-                    raise PayloadTooLarge(f"frame: {len(data)} bytes exceed MAPPER_MAX_BODY_BYTES")
-                frame, record, growth = await asyncio.to_thread(_decode, data, entry, True)
-                fid = frame.frame_id
-                fut = await entry.submit("frame", frame, record, growth)  # waits while the queue is full
+                task = take(message.get("bytes"))
             except MapperError as e:
-                fut.set_exception(e)
-            await pending.put((fut, t0, fid))  # waits while too many acks are outstanding
-            if sender.done():
+                task = loop.create_future()
+                task.set_exception(e)
+            await decoded.put((task, t0))  # waits while WS_DECODE_AHEAD frames are being decoded
+            if sender.done() or submitter.done():
                 break
     except WebSocketDisconnect:
         pass
@@ -147,16 +157,22 @@ async def stream_frames(ws: WebSocket, map_id: str):
             if t is not None:
                 t.cancel()
         metrics.ws_connections.dec()
-        if not sender.done():
+        if sender.done():  # the client is gone: nothing more can be acknowledged
+            submitter.cancel()
+        elif not submitter.done():
 
-            async def finish():  # the sender empties the queue, so the end marker always finds room
-                await pending.put(None)
+            async def finish():  # every frame read is submitted and acknowledged, then the end marker
+                await decoded.put(None)
+                await submitter
                 await sender
 
             try:
                 await asyncio.wait_for(finish(), timeout=60)
             except Exception:
+                submitter.cancel()
                 sender.cancel()
+        else:
+            sender.cancel()
         with contextlib.suppress(Exception):
             if service.draining.is_set():  # every frame taken is acknowledged: the rest was not read
                 await ws.close(code=1012, reason=SHUTDOWN_REASON)

@@ -105,11 +105,11 @@ async def clear_map(entry: EntryDep, body: ClearRequest | None = None) -> OpResu
     """Remove the voxels in a box (``aabb_min``/``aabb_max``), outside a sphere, or everything."""
     body = body or ClearRequest()
     if body.keep_center_m is not None:
-        fut = await entry.submit(
+        fut = await entry.maintain(
             "clear_outside", {"center_m": body.keep_center_m, "radius_m": body.keep_radius_m}
         )
     else:
-        fut = await entry.submit("clear", {"aabb_min": body.aabb_min, "aabb_max": body.aabb_max})
+        fut = await entry.maintain("clear", {"aabb_min": body.aabb_min, "aabb_max": body.aabb_max})
     return OpResult(**await fut)
 
 
@@ -117,7 +117,7 @@ async def clear_map(entry: EntryDep, body: ClearRequest | None = None) -> OpResu
 async def decay_map(entry: EntryDep, body: DecayRequest | None = None) -> OpResult:
     """Fade observations: weights x ``factor``; voxels below ``threshold`` become unknown."""
     body = body or DecayRequest()
-    fut = await entry.submit("decay", {"factor": body.factor, "threshold": body.threshold})
+    fut = await entry.maintain("decay", {"factor": body.factor, "threshold": body.threshold})
     return OpResult(**await fut)
 
 

@@ -16,7 +16,7 @@ from ... import budget, wire
 from ...errors import InvalidArgument, RequestTooLarge
 from ..deps import EntryDep, ReadAuth, attachment, read_message, reply, version_header, wants_msgpack
 from ..schemas import QUERY_BODY, BoxRequest, ErrorBody
-from ..service import MapEntry, require
+from ..service import MapEntry
 
 ERRORS = {c: {"model": ErrorBody} for c in (400, 401, 403, 404, 413, 422, 429, 503)}
 router = APIRouter(prefix="/v1/maps", tags=["queries"], dependencies=[ReadAuth], responses=ERRORS)
@@ -82,7 +82,7 @@ async def query_distance(request: Request, entry: EntryDep):
     pts = await _points(request, entry)
 
     def run(m):
-        d, g, obs = require(m, "query_distance")(pts)
+        d, g, obs = m.query_distance(pts)
         return {
             "distance": np_(d).astype(np.float32),
             "gradient": np_(g).astype(np.float32),
@@ -100,7 +100,7 @@ async def query_occupancy(request: Request, entry: EntryDep):
     pts = await _points(request, entry)
 
     def run(m):
-        state, p = require(m, "query_occupancy")(pts)
+        state, p = m.query_occupancy(pts)
         return {
             "state": np_(state).astype(np.int32),
             "probability": np_(p).astype(np.float32),
@@ -117,7 +117,7 @@ async def query_tsdf(request: Request, entry: EntryDep):
     pts = await _points(request, entry)
 
     def run(m):
-        t, w = require(m, "query_tsdf")(pts)
+        t, w = m.query_tsdf(pts)
         return {
             "tsdf": np_(t).astype(np.float32),
             "weight": np_(w).astype(np.float32),
@@ -177,7 +177,7 @@ async def esdf_slice(
         _bound(entry, f"slice ({format})", cells, "cells", per_cell)
 
     def run(m):
-        s = require(m, "esdf_slice")(
+        s = m.esdf_slice(
             z,
             aabb_min_xy=lo,
             aabb_max_xy=hi,
@@ -215,7 +215,7 @@ async def esdf_box(request: Request, entry: EntryDep, body: BoxRequest):
     _bound(entry, "box", n, "voxels", budget.BOX_VOXEL_BYTES[_fmt(request)])
 
     def run(m):
-        b = require(m, "esdf_box")(body.aabb_min, body.aabb_max, max_voxels=entry.settings.max_box_voxels)
+        b = m.esdf_box(body.aabb_min, body.aabb_max, max_voxels=entry.settings.max_box_voxels)
         return {
             "distance": np_(b.distance).astype(np.float32),
             "gradient": np_(b.gradient).astype(np.float32),
@@ -252,7 +252,7 @@ async def get_mesh(
 
     def run(m):
         t = time.perf_counter()
-        mesh = require(m, "mesh")(since_version=since_version)
+        mesh = m.mesh(since_version=since_version)
         entry.metrics.stage.labels("mesh").observe(time.perf_counter() - t)
         from ... import io
 

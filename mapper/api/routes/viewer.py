@@ -20,7 +20,6 @@ from ... import viewer
 from ...mesh import apply_delta, empty_mesh
 from ..deps import VERSION_HEADER, EntryDep, ReadAuth, reply
 from ..schemas import ErrorBody
-from ..service import require
 
 log = logging.getLogger("mapper.api")
 
@@ -89,7 +88,7 @@ async def mesh_blocks(
 
     def run(m):
         t = time.perf_counter()
-        mesh = require(m, "mesh")(since_version=since_version)
+        mesh = m.mesh(since_version=since_version)
         entry.metrics.stage.labels("mesh").observe(time.perf_counter() - t)
         return mesh, m.version
 
@@ -101,9 +100,9 @@ async def mesh_blocks(
         if cached is not None and cached[0].version == m.mesh_version:
             return cached[0], cached[1], m.version
         if cached is None:
-            mesh = require(m, "mesh")()
+            mesh = m.mesh()
         else:
-            mesh = apply_delta(cached[0], require(m, "mesh")(since_version=cached[0].version))
+            mesh = apply_delta(cached[0], m.mesh(since_version=cached[0].version))
         entry.metrics.stage.labels("mesh").observe(time.perf_counter() - t)
         return mesh, None, m.version
 

@@ -1,0 +1,76 @@
+"""The host work of the one way in, per frame, before a frame reaches its map's writer
+(``MapEntry.prepare`` on a decode thread): msgpack decode, ``wire.parse_frame`` (the one validation), the
+WAL record, the memory-growth bound (``mapper.budget.lidar_growth``). Median of ``--reps``; markdown report.
+
+    python benchmarks/bench_prepare.py --out benchmarks/results/prepare_cpu.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_service import hardware, lidar_scan  # noqa: E402
+
+from mapper import Map, budget, store, wire  # noqa: E402
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", type=int, default=120_000)
+    ap.add_argument("--voxel", type=float, default=0.1)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    pts, T = lidar_scan(0, args.points)
+    data = wire.packb(wire.lidar_message(pts, T, 0.0))
+    m = Map(args.voxel, layers=("tsdf", "esdf"), device="cpu", max_range_m=100.0)
+    limits = wire.Limits(1 << 24, 1 << 26, 1 << 24, 1e6)
+
+    def med(fn):
+        ts = []
+        for _ in range(args.reps):
+            t = time.perf_counter()
+            out = fn()
+            ts.append((time.perf_counter() - t) * 1e3)
+        return out, float(np.median(ts))
+
+    msg, t_unpack = med(lambda: wire.unpackb(data))
+    frame, t_parse = med(lambda: wire.parse_frame(wire.unpackb(data), limits))
+    _, t_record = med(lambda: store.encode_record("frame", frame))
+    _, t_bound = med(lambda: budget.lidar_growth(m, frame.points, frame.T_world_sensor, 1 << 40))
+    cmd = " ".join(sys.argv[1:] if argv is None else argv)
+    rows = [
+        ("msgpack decode", t_unpack),
+        ("decode + wire.parse_frame (validation)", t_parse),
+        ("WAL record (store.encode_record)", t_record),
+        ("growth bound (budget.lidar_growth)", t_bound),
+    ]
+    lines = [
+        "# The one way in: host work per frame before the writer",
+        "",
+        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
+        f"- hardware: {hardware()}",
+        f"- command: `python benchmarks/bench_prepare.py {cmd}`",
+        f"- frame: {args.points} points ({len(data)} bytes msgpack), voxel {args.voxel} m, tsdf+esdf",
+        "",
+        "| step | median (ms) |",
+        "|---|---|",
+        *[f"| {name} | {ms:.1f} |" for name, ms in rows],
+    ]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.out:
+        args.out.write_text(report)
+
+
+if __name__ == "__main__":
+    main()
