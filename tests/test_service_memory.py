@@ -357,3 +357,16 @@ def test_work_budget_cancel_after_a_release_passed_over_the_waiter():
         assert await wb.acquire(100) == 100
 
     asyncio.run(main())
+
+
+@pytest.mark.skipif(memory.malloc_arenas() is None, reason="needs glibc malloc_info")
+def test_memory_collector_exports_every_arena():
+    """/metrics gets one `system` and one `free` sample per arena, the free never above the held bytes."""
+    fams = {f.name: f for f in memory.MemoryCollector().collect()}
+    samples = fams["mapper_malloc_arena_bytes"].samples
+    by_arena: dict[str, dict[str, float]] = {}
+    for s in samples:
+        by_arena.setdefault(s.labels["arena"], {})[s.labels["kind"]] = s.value
+    assert len(by_arena) == len(memory.malloc_arenas()) >= 1
+    assert all(set(v) == {"system", "free"} and v["system"] >= v["free"] >= 0 for v in by_arena.values())
+    assert sorted(by_arena) == [str(i) for i in range(len(by_arena))]  # main arena is "0"
