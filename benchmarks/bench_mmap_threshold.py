@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "norlab_lidar"
 
 
-def child(threshold: int, data: Path, points: int, voxel: float, repeat: int) -> dict:
+def child(threshold: int, data: Path, points: int, voxel: float, repeat: int, esdf: bool = True) -> dict:
     from mapper.api import memory
 
     if threshold:
@@ -44,15 +44,19 @@ def child(threshold: int, data: Path, points: int, voxel: float, repeat: int) ->
         if len(p) > points:
             p = p[rng.choice(len(p), points, replace=False)]
         frames.append((p.astype(np.float32), s["T_world_sensor"]))
-    m = Map(voxel_size_m=voxel, layers=["tsdf", "esdf"], max_range_m=40.0)
+    m = Map(voxel_size_m=voxel, layers=["tsdf", "esdf"] if esdf else ["tsdf"], max_range_m=40.0)
     for p, T in frames:
         m.integrate_lidar(p, T)
-    m.update_esdf()
+    if esdf:
+        m.update_esdf()
     out = {}
     ops = {
         "frame + ESDF update": lambda i: (m.integrate_lidar(*frames[i % 4]), m.update_esdf()),
         "whole mesh": lambda i: m.mesh(),
     }
+    if not esdf:  # the CPU ESDF update of the merged main takes minutes: TSDF frames only
+        ops["frame (TSDF only)"] = lambda i: m.integrate_lidar(*frames[i % 4])
+        del ops["frame + ESDF update"]
     for name, fn in ops.items():
         cpu, flt = [], []
         for i in range(repeat):
@@ -71,14 +75,18 @@ def main(argv=None) -> int:
     ap.add_argument("--points", type=int, default=20_000)
     ap.add_argument("--voxel", type=float, default=0.2)
     ap.add_argument("--repeat", type=int, default=4)
+    ap.add_argument("--no-esdf", action="store_true", help="a TSDF-only map: time frames without ESDF")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.child is not None:
-        print(json.dumps(child(args.child, args.data, args.points, args.voxel, args.repeat)))
+        print(
+            json.dumps(child(args.child, args.data, args.points, args.voxel, args.repeat, not args.no_esdf))
+        )
         return 0
     base = [sys.executable, __file__, "--data", str(args.data), "--points", str(args.points)]
-    base += ["--voxel", str(args.voxel), "--repeat", str(args.repeat), "--child"]
+    base += ["--voxel", str(args.voxel), "--repeat", str(args.repeat), *(["--no-esdf"] * args.no_esdf)]
+    base += ["--child"]
     variants = [0, *args.threshold]
     procs = {t: subprocess.Popen([*base, str(t)], stdout=subprocess.PIPE, text=True) for t in variants}
     load0 = os.getloadavg()[0]
@@ -92,7 +100,8 @@ def main(argv=None) -> int:
         f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
         f"- hardware: {hardware()}; load average (1 min) {load0:.1f} at start, {load1:.1f} at end",
         f"- command: `python benchmarks/bench_mmap_threshold.py {' '.join(sys.argv[1:] if argv is None else argv)}`",  # noqa: E501
-        f"- map: 4 norlab scans, {args.points} points, voxel {args.voxel} m, tsdf+esdf; {args.repeat} runs "
+        f"- map: 4 norlab scans, {args.points} points, voxel {args.voxel} m, "
+        f"{'tsdf' if args.no_esdf else 'tsdf+esdf'}; {args.repeat} runs "
         "per operation, both variants at once (same machine load); CPU seconds of the process",
         "",
         "| operation | threshold | CPU s median | CPU s min | minor page faults median |",

@@ -217,6 +217,10 @@ def probe(c: MapperClient) -> dict[str, float]:
         key, _, value = line.rpartition(" ")
         if key in PROBES:
             out[PROBES[key]] = float(value)
+        elif key.startswith("mapper_malloc_arena_bytes{"):  # summed over the arenas
+            kind = "arena_free" if 'kind="free"' in key else "arena_system"
+            out[kind] = out.get(kind, 0.0) + float(value)
+            out["arenas"] = out.get("arenas", 0.0) + (kind == "arena_system")
     return out
 
 
@@ -472,12 +476,13 @@ def minute_table(samples, probes, sample_s: float) -> list[str]:
     and its bytes reserved; the requests completed, the metric series and the load average."""
     mib = 2**20
     rows = [
-        "Per minute (means of the samples; live = glibc heap in use + mmapped; work = heavy operations "
+        "Per minute (means of the samples; live = glibc heap in use + mmapped; arenas = bytes glibc's "
+        "malloc arenas hold from the OS and, of those, free (malloc_info); work = heavy operations "
         "running under the work budget; series = metric series on /metrics):",
         "",
-        "| min | RSS MiB | live heap MiB | RSS - live MiB | work running | reserved MiB | requests/min "
-        "| series | Python blocks (k) | load |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| min | RSS MiB | live heap MiB | RSS - live MiB | arenas MiB | arenas free MiB | work running "
+        "| reserved MiB | requests/min | series | Python blocks (k) | threads | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     rss = dict(samples)
     end = max(t for t, _ in probes)
@@ -495,9 +500,10 @@ def minute_table(samples, probes, sample_s: float) -> list[str]:
         lv = np.mean([p["in_use"] + p["mmap"] for _, p in ps if "in_use" in p and "mmap" in p] or [np.nan])
         req = ps[-1][1].get("requests", prev_req)
         rows.append(
-            f"| {m} | {r:.0f} | {lv / mib:.0f} | {r - lv / mib:.0f} | {avg('running'):.1f} | "
+            f"| {m} | {r:.0f} | {lv / mib:.0f} | {r - lv / mib:.0f} | {avg('arena_system') / mib:.0f} | "
+            f"{avg('arena_free') / mib:.0f} | {avg('running'):.1f} | "
             f"{avg('reserved') / mib:.0f} | {req - prev_req:.0f} | {avg('series'):.0f} | "
-            f"{avg('py_blocks') / 1e3:.0f} | {avg('load'):.1f} |"
+            f"{avg('py_blocks') / 1e3:.0f} | {avg('threads'):.0f} | {avg('load'):.1f} |"
         )
         prev_req = req
     return rows

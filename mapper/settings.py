@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .errors import InvalidArgument
 
+KiB = 1 << 10
 MiB = 1 << 20
 
 
@@ -92,7 +93,9 @@ class Settings(BaseSettings):
     # native heap (glibc): cap the malloc arenas, give free pages back every N s (mapper.api.memory)
     malloc_arena_max: int = Field(2, ge=0)  # 0 = glibc's default (8 per core)
     malloc_trim_s: float = Field(10.0, ge=0)  # 0 = never
-    malloc_mmap_threshold: int = Field(1 * MiB, ge=0, le=32 * MiB)  # blocks >= this mmapped; 0 = dynamic
+    # blocks >= this are mmapped (unmapped at free); 0 = glibc's dynamic threshold. 128 KiB: the request
+    # temporaries of 128 KiB-1 MiB left fragmented free space in the arenas at 1 MiB (NOTES #10)
+    malloc_mmap_threshold: int = Field(128 * KiB, ge=0, le=32 * MiB)
 
     # compile the Triton kernels of the default map configuration and of every restored map before
     # /readyz is ready; the Triton cache lives under data_dir/triton-cache unless TRITON_CACHE_DIR is set

@@ -27,6 +27,12 @@ if SM90_CHECK:
 elif not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# A service created in-process (TestClient) fixes glibc's mmap threshold for the whole pytest process
+# (MAPPER_MALLOC_MMAP_THRESHOLD, default 128 KiB): every later test would pay an mmap and fresh page faults
+# per block >= 128 KiB (CPU +44-87 % on meshing / TSDF frames, benchmarks/results/mmap_threshold_tsdf_cpu.md).
+# Keep glibc's dynamic threshold in tests; tests/test_service_memory.py tests the thresholds explicitly.
+os.environ.setdefault("MAPPER_MALLOC_MMAP_THRESHOLD", "0")
+
 SHARED_DATA = Path(
     os.environ.get("MAPPER_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
 )

@@ -93,6 +93,83 @@ print(before, memory.rss_bytes(), live["mmap"], live["in_use"])
     assert after - before > 6 << 20  # ... and still resident after free
 
 
+FRAGMENT = r"""
+import ctypes, importlib.util, sys
+spec = importlib.util.spec_from_file_location("memory", sys.argv[2])  # alone: no torch import
+memory = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(memory)
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+assert memory.set_mmap_threshold(int(sys.argv[1]))
+size, n = 256 << 10, 200  # 50 MiB of request temporaries, each followed by a small block that stays
+before = memory.rss_bytes()
+temps, small = [], []
+for _ in range(n):
+    temps.append(libc.malloc(size)); libc.memset(temps[-1], 1, size)
+    small.append(libc.malloc(512)); libc.memset(small[-1], 1, 512)
+live = memory.heap_info()
+for b in temps:
+    libc.free(b)
+free = sum(a["free"] for a in memory.malloc_arenas())
+print(before, memory.rss_bytes(), live["mmap"], free)
+"""
+
+
+@pytest.mark.skipif(memory.heap_info() is None, reason="needs glibc >= 2.33 (mallinfo2)")
+def test_default_mmap_threshold_keeps_request_temporaries_out_of_the_arenas():
+    """The service's default threshold (128 KiB) serves temporaries of 256 KiB with their own mmaps, so
+    freeing them between small blocks that stay live (as a request's arrays between the objects it leaves
+    behind) returns their memory at once; at the former 1 MiB they come from the arena and their freed
+    space stays there, resident, pinned between the small blocks. In subprocesses (the setting is
+    process-wide)."""
+    from mapper.settings import Settings
+
+    default = Settings.model_fields["malloc_mmap_threshold"].default
+    assert default == 128 << 10
+    out = {}
+    for threshold in (default, 1 << 20):
+        cmd = [sys.executable, "-c", FRAGMENT, str(threshold), memory.__file__]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        out[threshold] = [int(x) for x in r.stdout.split()]
+    temps = 200 * (256 << 10)
+    before, after, mmap, free = out[default]
+    assert mmap >= temps  # every temporary mmapped ...
+    assert free < 4 << 20 and after - before < 8 << 20, out  # ... and gone at free: the arena stays small
+    before, after, mmap, free = out[1 << 20]
+    assert mmap < 4 << 20  # from the arena ...
+    assert free >= temps - (4 << 20) and after - before > temps - (8 << 20), out  # ... freed, still resident
+
+
+@pytest.mark.skipif(memory.heap_info() is None, reason="needs glibc >= 2.33 (mallinfo2)")
+def test_malloc_arenas_add_up_to_mallinfo2():
+    """The per-arena probe (malloc_info XML) against glibc's totals (mallinfo2), with a live 64 MiB of small
+    blocks and 16 MiB of them freed so that both numbers are large."""
+    blocks = [np.ones(2000) for _ in range(4000)]  # 16 kB arrays: from an arena
+    del blocks[::4]
+    arenas = memory.malloc_arenas()
+    libc = ctypes.CDLL("libc.so.6")
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [  # noqa: RUF012
+            (n, ctypes.c_size_t)
+            for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+        ]
+
+    libc.mallinfo2.restype = MallInfo2
+    mi = libc.mallinfo2()
+    assert arenas and len(arenas) >= 1
+    assert all(a["system"] >= a["free"] >= 0 for a in arenas)
+    tol = 1 << 20  # the Python objects made between the two calls
+    assert abs(sum(a["system"] for a in arenas) - mi.arena) < tol, (arenas, mi.arena)
+    assert abs(sum(a["free"] for a in arenas) - mi.fordblks) < tol, (arenas, mi.fordblks)
+    assert sum(a["free"] for a in arenas) >= 1000 * 16000 - tol
+    del blocks
+
+
 def test_mmap_threshold_zero_keeps_the_default():
     assert memory.set_mmap_threshold(0) is False
 
@@ -280,3 +357,16 @@ def test_work_budget_cancel_after_a_release_passed_over_the_waiter():
         assert await wb.acquire(100) == 100
 
     asyncio.run(main())
+
+
+@pytest.mark.skipif(memory.malloc_arenas() is None, reason="needs glibc malloc_info")
+def test_memory_collector_exports_every_arena():
+    """/metrics gets one `system` and one `free` sample per arena, the free never above the held bytes."""
+    fams = {f.name: f for f in memory.MemoryCollector().collect()}
+    samples = fams["mapper_malloc_arena_bytes"].samples
+    by_arena: dict[str, dict[str, float]] = {}
+    for s in samples:
+        by_arena.setdefault(s.labels["arena"], {})[s.labels["kind"]] = s.value
+    assert len(by_arena) == len(memory.malloc_arenas()) >= 1
+    assert all(set(v) == {"system", "free"} and v["system"] >= v["free"] >= 0 for v in by_arena.values())
+    assert sorted(by_arena) == [str(i) for i in range(len(by_arena))]  # main arena is "0"

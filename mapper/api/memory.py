@@ -8,8 +8,13 @@ resident size creeps up for many minutes after the maps stopped growing, althoug
 flat (NOTES.md, "Service: shutdown and memory on long runs": mallinfo2 showed the arenas' free bytes,
 not the bytes in use, growing).
 
-Fix: cap the arenas (``MAPPER_MALLOC_ARENA_MAX``, default 2) before the service's threads start, and
-return the free pages to the OS every ``MAPPER_MALLOC_TRIM_S`` (default 10 s).
+Fix: cap the arenas (``MAPPER_MALLOC_ARENA_MAX``, default 2) before the service's threads start,
+return the free pages to the OS every ``MAPPER_MALLOC_TRIM_S`` (default 10 s), and serve every block of
+``MAPPER_MALLOC_MMAP_THRESHOLD`` bytes or more (default 128 KiB) with its own mmap. At 1 MiB the
+temporaries of 128 KiB-1 MiB (frame arrays, query batches, msgpack bodies, small pool pages) still came
+from the arenas; interleaved with longer-lived small blocks they left free space that a trim cannot give
+back: at ~100 requests/min the arenas held ~290 MiB with ~70 MiB free (128 KiB: ~128 MiB, ~14 MiB free;
+``malloc_arenas`` shows it per arena, NOTES.md #10).
 """
 
 from __future__ import annotations
@@ -93,6 +98,39 @@ def heap_info() -> dict[str, int] | None:
     _LIBC.mallinfo2.restype = _MallInfo2
     mi = _LIBC.mallinfo2()
     return {"in_use": int(mi.uordblks), "free": int(mi.fordblks), "mmap": int(mi.hblkhd)}
+
+
+def malloc_arenas() -> list[dict[str, int]] | None:
+    """Per glibc arena (``malloc_info``), the main arena first: ``system`` (bytes the arena holds from the
+    OS) and ``free`` (bytes in its free chunks, the top chunk included); None off glibc. Walks every
+    arena's bins under its lock (about a millisecond): for probes and scrapes, not per request."""
+    if _LIBC is None or not hasattr(_LIBC, "malloc_info") or not hasattr(_LIBC, "open_memstream"):
+        return None
+    import xml.etree.ElementTree as ET
+
+    buf, size = ctypes.c_char_p(), ctypes.c_size_t()
+    _LIBC.open_memstream.restype = ctypes.c_void_p
+    _LIBC.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_size_t)]
+    _LIBC.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    _LIBC.fclose.argtypes = [ctypes.c_void_p]
+    _LIBC.free.argtypes = [ctypes.c_void_p]
+    f = _LIBC.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+    if not f:
+        return None
+    try:
+        _LIBC.malloc_info(0, f)
+    finally:
+        _LIBC.fclose(f)
+    try:
+        text = ctypes.string_at(buf, size.value).decode()
+    finally:
+        _LIBC.free(ctypes.cast(buf, ctypes.c_void_p))
+    out = []
+    for heap in ET.fromstring(text).findall("heap"):
+        tot = {t.get("type"): int(t.get("size", 0)) for t in heap.findall("total")}
+        sysm = {t.get("type"): int(t.get("size", 0)) for t in heap.findall("system")}
+        out.append({"system": sysm.get("current", 0), "free": tot.get("fast", 0) + tot.get("rest", 0)})
+    return out
 
 
 def rss_bytes() -> int:
@@ -199,6 +237,17 @@ class MemoryCollector:
         for k, v in (heap or {}).items():
             g.add_metric([k], v)
         yield g
+        arenas = malloc_arenas()
+        if arenas is not None:
+            g = GaugeMetricFamily(
+                "mapper_malloc_arena_bytes",
+                "glibc malloc arenas (malloc_info): held from the OS, free",
+                labels=["arena", "kind"],
+            )
+            for i, a in enumerate(arenas):
+                for k, v in a.items():
+                    g.add_metric([str(i), k], v)
+            yield g
         yield GaugeMetricFamily(
             "mapper_python_allocated_blocks", "Python objects' memory blocks", value=sys.getallocatedblocks()
         )
