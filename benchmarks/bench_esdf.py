@@ -10,6 +10,8 @@ Cases (``--parts``):
 * ``kernel``: the exact transform alone (``squared_distances``: 3 line passes + 5 lower-envelope passes)
   on a synthetic domain (a slab of ``--kernel-bricks`` bricks with random sub-voxel sites) for
   ``M`` = 10 / 20 / 40 / 80 voxels: the pass costs O(voxels), not O(voxels x M);
+* ``cpuab``: the torch 1-D pass three ways (envelope / min-plus forced, the default pick) on the same
+  depth / LiDAR frames, process CPU time per update, layers asserted bit-identical;
 * ``room``: a long room sequence (``--room-frames``, default 1000) at TSDF ``--room-voxel`` (2 cm) / ESDF
   5 cm, frames rendered one at a time on the device (an orbit in the indoor scene: consecutive frames
   overlap as in a real RGB-D sequence), for the peak-memory check; stops early after ``--room-seconds``
@@ -69,6 +71,12 @@ def run(m: Map, frames, kind: str, dev, warmup: int, seconds: float = math.inf, 
             recent = np.median(tot[-every:]) if tot else float("nan")
             trend.append(
                 (i + 1, pk, float(recent), m.stats()["layers"]["esdf"]["voxels"], time.perf_counter() - start)
+            )
+            print(
+                "trend frames {} peak {:.3f} GiB median {:.2f} ms esdf voxels {} at {:.1f} s".format(
+                    *trend[-1]
+                ),
+                flush=True,
             )
     st = m.stats()["layers"]
     peak = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else float("nan")
@@ -180,6 +188,47 @@ def profile(m: Map, frames, n: int, dev) -> str:
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=48)
     print(table, flush=True)
     return f"profile of {n} frames (integrate_depth + update_esdf), by self CPU time:\n{table}"
+
+
+def cpu_ab(frames, kind: str, voxel: float, esdf_voxel: float, max_range: float, dev) -> dict:
+    """The torch 1-D pass three ways on the same frames: three maps fed the same frames, with the torch
+    envelope forced, the windowed min-plus forced, and the default pick by the expected work
+    (``MINPLUS_PAIRS_PER_SLOT``). Per update: process CPU time (``time.process_time``: robust to other
+    jobs on a shared machine, unlike wall time); asserts the three layers equal bit for bit."""
+    from mapper.kernels import envelope as env
+
+    default = env.MINPLUS_PAIRS_PER_SLOT
+    setting = {"envelope": -1, "minplus": 1 << 40, "pick": default}
+    maps = {
+        name: Map(voxel, ("tsdf", "esdf"), dev, esdf_voxel_size_m=esdf_voxel, max_range_m=max_range)
+        for name in setting
+    }
+    cpu = {name: [] for name in maps}
+    wall = {name: [] for name in maps}
+    try:
+        for f in frames:
+            for name, m in maps.items():
+                if kind == "lidar":
+                    m.integrate_lidar(f[0], f[1])
+                else:
+                    m.integrate_depth(f[0], f[1], f[2])
+                env.MINPLUS_PAIRS_PER_SLOT = setting[name]
+                c0, w0 = time.process_time(), time.perf_counter()
+                m.update_esdf()
+                cpu[name].append(time.process_time() - c0)
+                wall[name].append(time.perf_counter() - w0)
+            ga, da = maps["envelope"]._esdf.view()
+            for other in ("minplus", "pick"):
+                gb, db = maps[other]._esdf.view()
+                assert torch.equal(ga.leaves.keys, gb.leaves.keys)
+                assert torch.equal(da["esdf"].view(torch.int32), db["esdf"].view(torch.int32))
+                assert torch.equal(da["observed"], db["observed"])
+    finally:
+        env.MINPLUS_PAIRS_PER_SLOT = default
+    out = {"frames": len(frames), "voxels": maps["pick"].stats()["layers"]["esdf"]["voxels"]}
+    for name in maps:
+        out[name] = (float(np.median(cpu[name])), float(np.max(cpu[name])), float(np.median(wall[name])))
+    return out
 
 
 def kernel_case(n_bricks: int, margin: int, dev, reps: int = 5) -> dict:
@@ -299,6 +348,33 @@ def main(argv=None):
             r = run(m, dframes[: args.maxd_frames + args.warmup], "depth", dev, args.warmup)
             row(f"depth, TSDF 2 cm, ESDF 5 cm, max distance {md:g} m", r)
             del m
+    if "cpuab" in args.parts:
+        lines += [
+            "",
+            "| torch 1-D pass, same frames (bits equal) | frames | ESDF voxels | CPU s per update, median /"
+            " max (wall median): envelope | min-plus | default pick | envelope / pick |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        cases = [("depth", v, args.esdf_voxel, 8.0) for v in args.depth_voxels]
+        cases += [("lidar", v, args.lidar_esdf_voxel, 60.0) for v in args.lidar_voxels]
+        for kind, v, ev, rng in cases:
+            fr = (
+                depth_frames(args.depth_frames, dev)
+                if kind == "depth"
+                else lidar_frames(args.lidar_frames, dev)
+            )
+            r = cpu_ab(fr, kind, v, ev, rng, dev)
+            e, mp, p = r["envelope"], r["minplus"], r["pick"]
+            lines.append(
+                f"| {kind}, TSDF {v * 100:g} cm, ESDF {ev * 100:g} cm, max 2 m | {r['frames']} | "
+                f"{r['voxels']:,} | {e[0]:.2f} / {e[1]:.2f} ({e[2]:.2f}) | {mp[0]:.2f} / {mp[1]:.2f} "
+                f"({mp[2]:.2f}) | {p[0]:.2f} / {p[1]:.2f} ({p[2]:.2f}) | {e[0] / max(p[0], 1e-9):.1f}x |"
+            )
+            print(lines[-1], flush=True)
+            if args.out:
+                with open(args.out, "w") as fh:
+                    fh.write("\n".join(lines) + "\n")
+        lines.append("")
     if "kernel" in args.parts:
         lines += [
             "",

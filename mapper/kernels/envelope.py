@@ -52,9 +52,10 @@ from ..errors import InvalidArgument, InvalidArgumentType
 from .dispatch import use_triton
 
 BATCH_SLOTS = 1 << 18  # slots per batch of lines in the torch reference (its temporaries: ~100 B a slot)
-# The torch envelope costs about as much as this many min-plus rounds (measured on the CPU, see
-# benchmarks/results/esdf_cpu.md): :func:`distance_pass` takes the rounds while they are fewer.
-MINPLUS_MAX_ROUNDS = 64
+# The torch envelope costs about as much per slot as this many min-plus pairs (p, p + d) per slot (measured
+# on the CPU, benchmarks/results/esdf_cpu.md: equal at 41 rounds over long lines, the min-plus form 2x
+# cheaper at 27 pairs a slot): :func:`distance_pass` takes the rounds while they need fewer.
+MINPLUS_PAIRS_PER_SLOT = 32
 
 
 def _check(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor):
@@ -234,15 +235,20 @@ def distance_pass(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor, wi
     """The ESDF's 1-D pass: :func:`lower_envelope` where values below ``(window + 1)^2`` must be exact
     (``f >= 0``; larger results may be any value ``>= (window + 1)^2``).
 
-    Triton envelope where Triton runs (no host sync); otherwise :func:`window_min_torch` when it needs at
-    most ``MINPLUS_MAX_ROUNDS`` rounds, else :func:`lower_envelope_torch`: on the CPU the envelope's host
-    loop (one step per slot of the longest line) only wins for long windows."""
+    Triton envelope where Triton runs (no host sync); otherwise :func:`window_min_torch` or
+    :func:`lower_envelope_torch`, whichever is expected to cost less: on the CPU the envelope's host loop
+    (one step per slot of the longest line) only wins for long windows over long lines.
+
+    The expected work decides: the min-plus rounds cost one step per pair of slots ``(p, p + d)`` of a line
+    with ``d <= window``; the envelope about ``MINPLUS_PAIRS_PER_SLOT`` of them per slot."""
     _check(f, start, length)
     if use_triton(f.device):
         from .triton_envelope import lower_envelope_triton
 
         return lower_envelope_triton(f, start, length)
-    longest = int(length.max()) if length.numel() else 0
-    if min(window, longest - 1) <= MINPLUS_MAX_ROUNDS:
+    n = length.to(torch.int64)
+    r = torch.clamp(torch.clamp(n - 1, min=0), max=max(int(window), 0))  # rounds each line needs
+    pairs = int((r * n - r * (r + 1) // 2).sum())
+    if pairs <= MINPLUS_PAIRS_PER_SLOT * int(n.sum()):
         return window_min_torch(f, start, length, window)
     return lower_envelope_torch(f, start, length)
