@@ -208,6 +208,7 @@ def window_min_torch(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
     idx = torch.repeat_interleave(start, length, output_size=total) + pos
     rem = torch.repeat_interleave(length, length, output_size=total) - 1 - pos  # slots after it
     pos, rem = pos.to(torch.int32), rem.to(torch.int32)
+    del ar  # int64 temporaries: keep the pass's working memory near its float32 / int32 arrays
     rounds = min(window, int(length[0]) - 1)
     # prefix[d]: slots of the lines longer than d (lengths decrease)
     ends = torch.cumsum(length, 0)
