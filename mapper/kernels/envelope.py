@@ -185,8 +185,9 @@ def window_min_torch(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
     Same arguments and result layout as :func:`lower_envelope` (``inf`` outside the lines), plus
     ``window >= 0``. Each candidate is the same float32 sum as the envelope's, so where the nearest-in-value
     candidate lies within the window the two are equal bit for bit; with ``f >= 0`` that holds wherever
-    either result is below ``(window + 1)^2``. Work: ``min(window, longest line - 1)`` rounds of a few
-    vectorised ops over the slots (no host loop over lines or slots).
+    either result is below ``(window + 1)^2``. Work: per distinct line length ``n``, ``min(window, n - 1)``
+    rounds of four vectorised ops over the lines of that length (a ``[lines, n]`` block; no host loop over
+    lines or slots, lines without a finite value skipped).
     """
     _check(f, start, length)
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
@@ -195,40 +196,41 @@ def window_min_torch(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
     if start.numel() == 0 or f.numel() == 0:
         return out
     dev = f.device
-    # lines by decreasing length in a compact array: round d touches only the prefix of lines longer than d
-    order = torch.argsort(length.to(torch.int64), descending=True, stable=True)
-    length = length.to(torch.int64)[order]
-    start = start.to(torch.int64)[order]
-    total = int(length.sum())
-    if total == 0:
-        return out
-    first = torch.cumsum(length, 0) - length  # each line's first index in the compact array
-    ar = torch.arange(total, device=dev)
-    pos = ar - torch.repeat_interleave(first, length, output_size=total)  # index within the line
-    idx = torch.repeat_interleave(start, length, output_size=total) + pos
-    rem = torch.repeat_interleave(length, length, output_size=total) - 1 - pos  # slots after it
-    pos, rem = pos.to(torch.int32), rem.to(torch.int32)
-    del ar  # int64 temporaries: keep the pass's working memory near its float32 / int32 arrays
-    rounds = min(window, int(length[0]) - 1)
-    # prefix[d]: slots of the lines longer than d (lengths decrease)
-    ends = torch.cumsum(length, 0)
-    longer = torch.searchsorted(-length, -torch.arange(1, rounds + 2, device=dev), side="left")
-    prefix = torch.where(longer > 0, ends[(longer - 1).clamp(min=0)], 0).tolist()
-    c = f[idx]
-    g = c.clone()
-    tmp = torch.empty_like(c)
-    for d in range(1, rounds + 1):
-        sq = float(d * d)  # exact in float32 for d <= 4096
-        m = prefix[d - 1] - d  # lines longer than d: slots [0, prefix); pairs (p, p + d) inside it
-        if m <= 0:
-            break
-        t = torch.add(c[d : d + m], sq, out=tmp[:m])  # q = p + d
-        t.masked_fill_(rem[:m] < d, math.inf)
-        torch.minimum(g[:m], t, out=g[:m])
-        t = torch.add(c[:m], sq, out=tmp[:m])  # q = p - d
-        t.masked_fill_(pos[d : d + m] < d, math.inf)
-        torch.minimum(g[d : d + m], t, out=g[d : d + m])
-    out[idx] = g
+    length = length.to(torch.int64)
+    start = start.to(torch.int64)
+    # lines of one length side by side as the rows of a [lines, n] block: round d is two shifted adds and
+    # two minimums over the block (no per-slot masks, no line bookkeeping); rows that hold no finite value
+    # stay inf and are skipped; blocks of ~BATCH_SLOTS slots (bounded temporaries, cache-sized)
+    ns, counts = torch.unique(length, return_counts=True)
+    order = torch.argsort(length, stable=True)
+    ends = torch.cumsum(counts, 0).tolist()
+    for n, e, cnt in zip(ns.tolist(), ends, counts.tolist(), strict=True):
+        if n <= 0:
+            continue
+        lines = start[order[e - cnt : e]]
+        ar = torch.arange(n, device=dev)
+        rounds = min(window, n - 1)
+        step = max(BATCH_SLOTS // n, 1)
+        for b in range(0, cnt, step):
+            idx = lines[b : b + step, None] + ar[None, :]
+            c = f[idx]
+            if rounds:
+                act = (c < math.inf).any(dim=1)
+                if not bool(act.all()):
+                    idx, c = idx[act], c[act]
+                    if c.shape[0] == 0:
+                        continue
+                g = c.clone()
+                tmp = torch.empty_like(c)
+                for d in range(1, rounds + 1):
+                    sq = float(d * d)  # exact in float32 for d <= 4096
+                    k = n - d
+                    t = torch.add(c[:, d:], sq, out=tmp[:, :k])  # q = p + d
+                    torch.minimum(g[:, :k], t, out=g[:, :k])
+                    t = torch.add(c[:, :k], sq, out=tmp[:, :k])  # q = p - d
+                    torch.minimum(g[:, d:], t, out=g[:, d:])
+                c = g
+            out[idx] = c
     return out
 
 
