@@ -670,6 +670,25 @@ def _index_dtype(n: int) -> torch.dtype:
     return torch.int32 if n < (1 << 30) else torch.int64
 
 
+def _runs_with(bricks: torch.Tensor, axis: int, marked: torch.Tensor) -> torch.Tensor | None:
+    """Rows (sorted, int64) of ``bricks`` (sorted unique ``[B, 3]``) in the runs along ``axis`` (as in
+    :func:`_line_layout`) that hold a ``marked`` (bool ``[B]``) brick; None when that is every row. A run
+    without one has no crossing on any of its lines: its line pass gives inf, the value it starts with."""
+    nb = bricks.shape[0]
+    u, v = (x for x in range(3) if x != axis)
+    order = torch.argsort(voxel_keys(bricks[:, [u, v, axis]]))
+    c = bricks[order]
+    new = torch.ones(nb, dtype=torch.bool, device=bricks.device)
+    new[1:] = (c[1:, u] != c[:-1, u]) | (c[1:, v] != c[:-1, v]) | (c[1:, axis] != c[:-1, axis] + 1)
+    run = torch.cumsum(new, 0) - 1
+    has = torch.zeros(nb, dtype=torch.bool, device=bricks.device)
+    has[run[marked[order]]] = True
+    keep = has[run]
+    if bool(keep.all()):
+        return None
+    return torch.sort(order[keep])[0]
+
+
 def _nearest_marked(
     has: torch.Tensor, ar: torch.Tensor, far: int, by_count: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -785,7 +804,7 @@ def squared_distances(
         return sets[name]
 
     def layout(axis, name=""):
-        sub = subset(name)
+        sub = subset(name) if name != "lines" else lines_of(axis)
         if sub is not None:  # used once: not kept
             perm, starts, lengths, chunks = _line_layout(sub, axis, rows)
             row = torch.searchsorted(keys, voxel_keys(sub)).to(perm.dtype)  # subset brick -> domain brick
@@ -793,6 +812,14 @@ def squared_distances(
         if axis not in layouts:
             layouts[axis] = _line_layout(bricks, axis, rows)
         return layouts[axis]
+
+    marked = torch.zeros(nb, dtype=torch.bool, device=dev)
+    marked[at // 64] = True
+
+    def lines_of(axis):
+        """The line pass along ``axis`` runs on the runs of bricks that hold a site only."""
+        rows_ = _runs_with(bricks, axis, marked)
+        return None if rows_ is None else bricks[rows_]
 
     def crossings(axis):
         out = []
@@ -834,11 +861,11 @@ def squared_distances(
     a = b = c = None
     if 2 in axes:
         a = fresh()
-        run(2, [line_job(a, 2)])
+        run(2, [line_job(a, 2)], "lines")
         run(1, [window_job(a)], w + "ij")
     if 1 in axes:
         b = fresh()
-        run(1, [line_job(b, 1)])
+        run(1, [line_job(b, 1)], "lines")
         run(2, [window_job(b)], w + "ik")
         a = b if a is None else torch.minimum(a, b, out=a)
         del b
@@ -846,7 +873,7 @@ def squared_distances(
         run(0, [window_job(a)], w + "i")
     if 0 in axes:
         c = fresh()
-        run(0, [line_job(c, 0)])
+        run(0, [line_job(c, 0)], "lines")
         layouts.clear()
         run(1, [window_job(c)], w + "kj")
         run(2, [window_job(c)], w + "k")

@@ -52,10 +52,11 @@ from ..errors import InvalidArgument, InvalidArgumentType
 from .dispatch import use_triton
 
 BATCH_SLOTS = 1 << 18  # slots per batch of lines in the torch reference (its temporaries: ~100 B a slot)
-# The torch envelope costs about as much per slot as this many min-plus pairs (p, p + d) per slot (measured
-# on the CPU, benchmarks/results/esdf_cpu.md: equal at 41 rounds over long lines, the min-plus form 2x
-# cheaper at 27 pairs a slot): :func:`distance_pass` takes the rounds while they need fewer.
-MINPLUS_PAIRS_PER_SLOT = 32
+# The torch envelope costs about as much per slot as this many min-plus pairs (p, p + d) per slot, or more
+# (measured on the CPU with the block min-plus, benchmarks/bench_esdf_cpu.py: the envelope ~0.3-1.3 us a
+# slot, a min-plus pair ~1-2.5 ns; the min-plus still 2.7x cheaper at 322 pairs a slot): :func:`distance_pass`
+# takes the rounds while they need fewer.
+MINPLUS_PAIRS_PER_SLOT = 256
 
 
 def _check(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor):
@@ -249,6 +250,9 @@ def distance_pass(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor, wi
         from .triton_envelope import lower_envelope_triton
 
         return lower_envelope_triton(f, start, length)
+    # values >= (window + 1)^2 only give results >= (window + 1)^2: as inf they leave the exact results as
+    # they are, and lines holding nothing below the cap are skipped whole by the min-plus form
+    f = f.masked_fill(f >= float((window + 1) ** 2), math.inf)
     n = length.to(torch.int64)
     r = torch.clamp(torch.clamp(n - 1, min=0), max=max(int(window), 0))  # rounds each line needs
     pairs = int((r * n - r * (r + 1) // 2).sum())
