@@ -654,3 +654,58 @@ def test_incremental_equals_cold_with_dense_sets(monkeypatch):
         _map_equals_cold(m)
         maps.append(m)
     assert_same_layer(maps[0]._esdf, maps[1]._esdf)
+
+
+def test_runs_with_sites_bruteforce():
+    """``_runs_with``: the rows of the brick runs along an axis (consecutive bricks, same other two
+    coordinates) that hold a marked brick, against a hand-built case and a Python brute force."""
+    from mapper.integrators.esdf import _runs_with
+
+    # along k: run A = (0,0,0..2), run B = (0,0,4) (gap at 3), run C = (0,1,0..1), run D = (1,0,-1)
+    b = torch.tensor([[0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 1, 0], [0, 1, 1], [1, 0, -1]])
+    marked = torch.tensor([False, True, False, False, False, False, True])
+    assert _runs_with(b, 2, marked).tolist() == [0, 1, 2, 6]
+    assert _runs_with(b, 2, torch.ones(7, dtype=torch.bool)) is None  # every run: no subset
+    assert _runs_with(b, 0, marked).tolist() == [1, 6]  # along i no two are neighbours: the marked alone
+    rng = np.random.default_rng(3)
+    bb = np.unique(rng.integers(-4, 4, (150, 3)), axis=0)
+    mk = rng.random(len(bb)) < 0.05
+    for axis in range(3):
+        u, v = (x for x in range(3) if x != axis)
+        members = {tuple(x) for x in bb}
+        want = set()
+        for r, x in enumerate(bb):
+            if not mk[r]:
+                continue
+            for step in (1, -1):  # walk the run both ways from the marked brick
+                y = x.copy()
+                while tuple(y) in members:
+                    want.add(tuple(y))
+                    y[axis] += step
+        got = _runs_with(torch.as_tensor(bb), axis, torch.as_tensor(mk))
+        rows = range(len(bb)) if got is None else got.tolist()
+        assert {tuple(bb[r]) for r in rows} == want, (axis, u, v)
+
+
+def test_line_passes_on_site_runs_change_nothing(monkeypatch):
+    """The line passes restricted to the runs that hold a site give the same bits as over the whole domain
+    (the runs without one read inf either way): a sparse domain, a few sites, with and without out_bricks."""
+    from mapper.integrators import esdf as E
+
+    rng = np.random.default_rng(5)
+    bricks = torch.as_tensor(np.unique(rng.integers(-5, 5, (300, 3)), axis=0))
+    keys = E.voxel_keys(bricks)
+    bricks = bricks[torch.argsort(keys)]
+    pick = bricks[torch.as_tensor(rng.choice(len(bricks), 6, replace=False))]
+    vox = (pick * 4 + torch.as_tensor(rng.integers(0, 4, (6, 3)))).to(torch.int64)
+    t = torch.as_tensor((rng.random((6, 9)) - 0.5).astype(np.float32))
+    t[:, 1::3] = torch.maximum(t[:, 0::3], t[:, 1::3])  # rightmost >= leftmost
+    out = bricks[::3].contiguous()
+    got = [E.squared_distances(bricks, vox, t, 6), E.squared_distances(bricks, vox, t, 6, out_bricks=out)]
+    assert E._runs_with(bricks, 0, torch.zeros(len(bricks), dtype=torch.bool)).numel() == 0
+    monkeypatch.setattr(E, "_runs_with", lambda *a: None)
+    want = [E.squared_distances(bricks, vox, t, 6), E.squared_distances(bricks, vox, t, 6, out_bricks=out)]
+    assert torch.isfinite(want[0]).any() and torch.isinf(want[0]).any()
+    assert torch.equal(got[0].view(torch.int32), want[0].view(torch.int32))
+    rows = E._member(E.voxel_keys(bricks), E.voxel_keys(out))
+    assert torch.equal(got[1][rows].view(torch.int32), want[1][rows].view(torch.int32))
