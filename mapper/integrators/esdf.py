@@ -619,12 +619,17 @@ def coarse_sign_observed(tsdf, occ, free, bricks: torch.Tensor, ratio: float, ro
 
 
 # ----------------------------------------------------------------------------------------- transform
-def _line_layout(bricks: torch.Tensor, axis: int, rows: int):
+def _line_layout(
+    bricks: torch.Tensor, axis: int, rows: int, index: torch.Tensor | None = None, index_range: int = 0
+):
     """Slot layout of the voxels of the sorted unique ``bricks`` (``[B, 3]``) as lines along ``axis``.
 
     Each maximal run of ``n`` consecutive bricks along ``axis`` (same other two coordinates) gives 16
-    lines of ``4 n`` voxels, laid one after the other (no gaps: ``64 B`` slots). Returns ``perm`` (int32
-    where it fits, else int64, ``[64 B]``: slot -> voxel index ``brick * 64 + offset``, a permutation), the
+    lines of ``4 n`` voxels, laid one after the other (no gaps: ``64 B`` slots), the runs by increasing
+    ``n`` (the lines of one length are one contiguous block of slots). Returns ``perm`` (int32
+    where it fits, else int64, ``[64 B]``: slot -> voxel index ``brick * 64 + offset``, a permutation;
+    ``index`` (``[B]``, optional, values below ``index_range``): the brick numbers to use there instead of
+    the rows of ``bricks``), the
     lines' ``start`` and ``length`` (int64 ``[L]``, in slot order) and the chunks as ``(first slot, end
     slot, first line, end line)``; a chunk holds whole runs and about ``rows`` slots (one chunk on CUDA).
     """
@@ -640,27 +645,35 @@ def _line_layout(bricks: torch.Tensor, axis: int, rows: int):
     first = new.nonzero().squeeze(1)
     count = torch.diff(first, append=first.new_tensor([nb]))
     line = 4 * count  # voxels per line of the run
-    base = torch.cumsum(64 * count, 0) - 64 * count
+    # runs laid out by increasing length (stable): the lines of one length form one contiguous block, which
+    # the CPU's min-plus pass reads as a [lines, length] view (no gather)
+    rorder = torch.argsort(count, stable=True)
+    cs = count[rorder]
+    base_s = torch.cumsum(64 * cs, 0) - 64 * cs  # each run's first slot, runs in slot order
+    base = torch.empty_like(base_s)
+    base[rorder] = base_s  # the same, runs in key order
     local = brick_local_coords(dev)
     sub = local[:, u] * 4 + local[:, v]
     t = torch.arange(nb, device=dev) - first[run]
     start = base[run] + 4 * t
     step = line[run]
-    perm = torch.empty(nb * 64, dtype=_index_dtype(nb * 64), device=dev)
+    top = nb if index is None else index_range
+    perm = torch.empty(nb * 64, dtype=_index_dtype(top * 64), device=dev)
     ar64 = torch.arange(64, device=dev)
     for sl in _chunks(nb, dev, CPU_BRICKS):
         pos = start[sl, None] + sub[None, :] * step[sl, None] + local[None, :, axis]
-        perm[pos.reshape(-1)] = (order[sl, None] * 64 + ar64).reshape(-1).to(perm.dtype)
+        brick = order[sl] if index is None else index[order[sl]]
+        perm[pos.reshape(-1)] = (brick[:, None] * 64 + ar64).reshape(-1).to(perm.dtype)
     ar16 = torch.arange(16, device=dev)
-    starts = (base[:, None] + ar16[None, :] * line[:, None]).reshape(-1)
-    lengths = line[:, None].expand(-1, 16).reshape(-1)
+    starts = (base_s[:, None] + ar16[None, :] * (4 * cs)[:, None]).reshape(-1)
+    lengths = (4 * cs)[:, None].expand(-1, 16).reshape(-1)
     total = nb * 64
     if dev.type == "cuda" or total <= rows:
         return perm, starts, lengths, [(0, total, 0, starts.numel())]
-    cut = torch.ones(base.numel(), dtype=torch.bool, device=dev)
-    cut[1:] = (base[1:] // rows) != (base[:-1] // rows)
+    cut = torch.ones(base_s.numel(), dtype=torch.bool, device=dev)
+    cut[1:] = (base_s[1:] // rows) != (base_s[:-1] // rows)
     run0 = cut.nonzero().squeeze(1)
-    bounds = torch.cat((base[run0], base.new_tensor([total]))).tolist()
+    bounds = torch.cat((base_s[run0], base_s.new_tensor([total]))).tolist()
     lines = torch.cat((run0 * 16, run0.new_tensor([starts.numel()]))).tolist()
     return perm, starts, lengths, list(zip(bounds[:-1], bounds[1:], lines[:-1], lines[1:], strict=True))
 
@@ -806,9 +819,8 @@ def squared_distances(
     def layout(axis, name=""):
         sub = subset(name) if name != "lines" else lines_of(axis)
         if sub is not None:  # used once: not kept
-            perm, starts, lengths, chunks = _line_layout(sub, axis, rows)
-            row = torch.searchsorted(keys, voxel_keys(sub)).to(perm.dtype)  # subset brick -> domain brick
-            return (row[perm >> 6] * 64 + (perm & 63), starts, lengths, chunks)
+            row = torch.searchsorted(keys, voxel_keys(sub))  # subset brick -> domain brick
+            return _line_layout(sub, axis, rows, row, nb)
         if axis not in layouts:
             layouts[axis] = _line_layout(bricks, axis, rows)
         return layouts[axis]

@@ -212,13 +212,23 @@ def window_min_torch(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
         ar = torch.arange(n, device=dev)
         rounds = min(window, n - 1)
         step = max(BATCH_SLOTS // n, 1)
+        s0 = int(lines.min())
+        block = int(lines.max()) - s0 == (cnt - 1) * n  # non-overlapping lines: they tile [s0, s0 + cnt n)
         for b in range(0, cnt, step):
-            idx = lines[b : b + step, None] + ar[None, :]
-            c = f[idx]
+            dst = None
+            if block:  # a [lines, n] view of f (rows in slot order: each row is a line, any order will do)
+                sl = slice(s0 + b * n, s0 + min(b + step, cnt) * n)
+                c, dst = f[sl].view(-1, n), out[sl].view(-1, n)
+            else:
+                idx = lines[b : b + step, None] + ar[None, :]
+                c = f[idx]
+            act = None
             if rounds:
                 act = (c < math.inf).any(dim=1)
-                if not bool(act.all()):
-                    idx, c = idx[act], c[act]
+                if bool(act.all()):
+                    act = None
+                else:
+                    c = c[act]
                     if c.shape[0] == 0:
                         continue
                 g = c.clone()
@@ -231,7 +241,12 @@ def window_min_torch(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
                     t = torch.add(c[:, :k], sq, out=tmp[:, :k])  # q = p - d
                     torch.minimum(g[:, d:], t, out=g[:, d:])
                 c = g
-            out[idx] = c
+            if dst is None:
+                out[idx if act is None else idx[act]] = c
+            elif act is None:
+                dst.copy_(c)
+            else:
+                dst[act] = c
     return out
 
 
