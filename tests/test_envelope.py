@@ -164,6 +164,31 @@ def test_window_min_matches_bruteforce(window):
     np.testing.assert_array_equal(got.numpy(), _oracle_window(f, start, length, window))
 
 
+@pytest.mark.parametrize("window", [1, 4, 30])
+def test_window_min_contiguous_blocks(window, monkeypatch):
+    """Lines of one length that tile a block of slots (the ESDF layout; read as a ``[lines, n]`` view), in
+    shuffled order, next to lines that do not tile (gathered), all-inf lines (skipped), and blocks split
+    into batches: equal to the NumPy brute force."""
+    from mapper.kernels import envelope as E
+
+    monkeypatch.setattr(E, "BATCH_SLOTS", 64)  # several batches per length
+    rng = np.random.default_rng(window)
+    start, length, pos = [], [], 0
+    for n, cnt in ((8, 20), (1, 5), (12, 9), (32, 6)):  # tiled blocks
+        start += [pos + i * n for i in rng.permutation(cnt)]
+        length += [n] * cnt
+        pos += n * cnt
+    start += [pos, pos + 13]  # two lines of length 10 with a gap of 3: not a block (gathered)
+    length += [10, 10]
+    total = pos + 23 + 2
+    f = (rng.random(total) * 40).astype(np.float32)
+    f[rng.random(total) < 0.6] = np.inf
+    f[8 * 3 : 8 * 5] = np.inf  # whole lines without a finite value
+    st, ln = np.array(start, dtype=np.int64), np.array(length, dtype=np.int64)
+    got = E.window_min_torch(torch.from_numpy(f), torch.from_numpy(st), torch.from_numpy(ln), window)
+    np.testing.assert_array_equal(got.numpy(), _oracle_window(f, st, ln, window))
+
+
 @pytest.mark.parametrize("window", [2, 5, 50])
 def test_distance_pass_equals_envelope_below_window(window):
     """``distance_pass`` (min-plus or envelope by the work) equals the full envelope bit for bit wherever
