@@ -625,8 +625,8 @@ def _line_layout(
     """Slot layout of the voxels of the sorted unique ``bricks`` (``[B, 3]``) as lines along ``axis``.
 
     Each maximal run of ``n`` consecutive bricks along ``axis`` (same other two coordinates) gives 16
-    lines of ``4 n`` voxels, laid one after the other (no gaps: ``64 B`` slots), the runs by increasing
-    ``n`` (the lines of one length are one contiguous block of slots). Returns ``perm`` (int32
+    lines of ``4 n`` voxels, laid one after the other (no gaps: ``64 B`` slots); on the CPU the runs by
+    increasing ``n`` (the lines of one length are one contiguous block of slots). Returns ``perm`` (int32
     where it fits, else int64, ``[64 B]``: slot -> voxel index ``brick * 64 + offset``, a permutation;
     ``index`` (``[B]``, optional, values below ``index_range``): the brick numbers to use there instead of
     the rows of ``bricks``), the
@@ -645,13 +645,17 @@ def _line_layout(
     first = new.nonzero().squeeze(1)
     count = torch.diff(first, append=first.new_tensor([nb]))
     line = 4 * count  # voxels per line of the run
-    # runs laid out by increasing length (stable): the lines of one length form one contiguous block, which
-    # the CPU's min-plus pass reads as a [lines, length] view (no gather)
-    rorder = torch.argsort(count, stable=True)
-    cs = count[rorder]
-    base_s = torch.cumsum(64 * cs, 0) - 64 * cs  # each run's first slot, runs in slot order
-    base = torch.empty_like(base_s)
-    base[rorder] = base_s  # the same, runs in key order
+    # on the CPU, runs laid out by increasing length (stable): the lines of one length form one contiguous
+    # block, which the min-plus pass reads as a [lines, length] view (no gather); CUDA: key order
+    if dev.type == "cuda":
+        cs = count
+        base_s = base = torch.cumsum(64 * cs, 0) - 64 * cs
+    else:
+        rorder = torch.argsort(count, stable=True)
+        cs = count[rorder]
+        base_s = torch.cumsum(64 * cs, 0) - 64 * cs  # each run's first slot, runs in slot order
+        base = torch.empty_like(base_s)
+        base[rorder] = base_s  # the same, runs in key order
     local = brick_local_coords(dev)
     sub = local[:, u] * 4 + local[:, v]
     t = torch.arange(nb, device=dev) - first[run]
@@ -825,11 +829,15 @@ def squared_distances(
             layouts[axis] = _line_layout(bricks, axis, rows)
         return layouts[axis]
 
-    marked = torch.zeros(nb, dtype=torch.bool, device=dev)
-    marked[at // 64] = True
+    if dev.type != "cuda":  # the domain bricks holding a site
+        marked = torch.zeros(nb, dtype=torch.bool, device=dev)
+        marked[at // 64] = True
 
     def lines_of(axis):
-        """The line pass along ``axis`` runs on the runs of bricks that hold a site only."""
+        """On the CPU the line pass along ``axis`` runs on the runs of bricks that hold a site only (CUDA:
+        the whole domain, one pass, no host read)."""
+        if dev.type == "cuda":
+            return None
         rows_ = _runs_with(bricks, axis, marked)
         return None if rows_ is None else bricks[rows_]
 
