@@ -599,3 +599,113 @@ def test_argument_errors():
         integ.update(layer, None, [torch.zeros((2, 3))])
     with pytest.raises(InvalidArgument, match="needs a tsdf or occupancy layer"):
         integ.update(None, None, [torch.zeros((1, 3), dtype=torch.int64)])
+
+
+@pytest.mark.parametrize("r", [1, 3])
+def test_dense_dilation_equals_intervals_and_bruteforce(device, r, monkeypatch):
+    """Brick-set growth by a dense bitmap (CUDA's default) and by merged intervals (the CPU's) give the same
+    sorted set as a NumPy brute force (every offset of the box), negative coordinates included; a box over
+    ``DENSE_CELLS`` falls back to the intervals."""
+    from mapper.integrators import esdf as E
+
+    rng = np.random.default_rng(r)
+    b = np.unique(rng.integers(-9, 7, (60, 3)), axis=0)
+    b = np.concatenate((b, [[40, -30, 2]]))  # a far brick: a sparse box
+    t = torch.as_tensor(b, device=device)
+
+    def brute(radii):
+        rng3 = [np.arange(-x, x + 1) for x in radii]
+        off = np.stack(np.meshgrid(*rng3, indexing="ij"), -1).reshape(-1, 3)
+        return np.unique((b[:, None, :] + off[None]).reshape(-1, 3), axis=0)  # lexicographic = key order
+
+    want = brute((r, r, r))
+    for dense in (True, False):
+        got = E._dilate_bricks(t, r, dense=dense).cpu().numpy()
+        np.testing.assert_array_equal(got, want)
+    for axis in range(3):
+        radii = [0, 0, 0]
+        radii[axis] = r
+        want = brute(radii)
+        for dense in (True, False):
+            np.testing.assert_array_equal(E._grow_axis(t, r, axis, dense=dense).cpu().numpy(), want)
+    monkeypatch.setattr(E, "DENSE_CELLS", 10)
+    assert E._dilate_dense(t, (r, r, r)) is None
+    np.testing.assert_array_equal(E._dilate_bricks(t, r, dense=True).cpu().numpy(), brute((r, r, r)))
+
+
+def test_incremental_equals_cold_with_dense_sets(monkeypatch):
+    """The CUDA brick-set path (dense dilation) on the CPU: LiDAR frames with a moving object, then a clear;
+    incremental == cold bit for bit, and equal to the interval path's layer."""
+    from mapper.integrators import esdf as E
+
+    def frames(m):
+        for i, x in enumerate((0.0, 0.3, 0.6)):
+            pts = _lidar_points([x, 0.0, 0.0], [([1.2 - 0.2 * i, 0.4, -0.2], 0.35)], n_az=60, n_el=16)
+            m.integrate_lidar(pts - [x, 0.0, 0.0], _pose([x, 0.0, 0.0]))
+            m.update_esdf()
+        m.clear([0.8, 0.0, -0.6], [1.6, 0.8, 0.2])
+        m.update_esdf()
+
+    maps = []
+    for dense in (True, False):
+        monkeypatch.setattr(E, "_dense_sets", lambda device, dense=dense: dense)
+        m = mapper.Map(VOX, layers=("tsdf", "esdf"), device="cpu", esdf_max_distance_m=0.5, max_range_m=5.0)
+        frames(m)
+        _map_equals_cold(m)
+        maps.append(m)
+    assert_same_layer(maps[0]._esdf, maps[1]._esdf)
+
+
+def test_runs_with_sites_bruteforce():
+    """``_runs_with``: the rows of the brick runs along an axis (consecutive bricks, same other two
+    coordinates) that hold a marked brick, against a hand-built case and a Python brute force."""
+    from mapper.integrators.esdf import _runs_with
+
+    # along k: run A = (0,0,0..2), run B = (0,0,4) (gap at 3), run C = (0,1,0..1), run D = (1,0,-1)
+    b = torch.tensor([[0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 1, 0], [0, 1, 1], [1, 0, -1]])
+    marked = torch.tensor([False, True, False, False, False, False, True])
+    assert _runs_with(b, 2, marked).tolist() == [0, 1, 2, 6]
+    assert _runs_with(b, 2, torch.ones(7, dtype=torch.bool)) is None  # every run: no subset
+    assert _runs_with(b, 0, marked).tolist() == [1, 6]  # along i no two are neighbours: the marked alone
+    rng = np.random.default_rng(3)
+    bb = np.unique(rng.integers(-4, 4, (150, 3)), axis=0)
+    mk = rng.random(len(bb)) < 0.05
+    for axis in range(3):
+        u, v = (x for x in range(3) if x != axis)
+        members = {tuple(x) for x in bb}
+        want = set()
+        for r, x in enumerate(bb):
+            if not mk[r]:
+                continue
+            for step in (1, -1):  # walk the run both ways from the marked brick
+                y = x.copy()
+                while tuple(y) in members:
+                    want.add(tuple(y))
+                    y[axis] += step
+        got = _runs_with(torch.as_tensor(bb), axis, torch.as_tensor(mk))
+        rows = range(len(bb)) if got is None else got.tolist()
+        assert {tuple(bb[r]) for r in rows} == want, (axis, u, v)
+
+
+def test_line_passes_on_site_runs_change_nothing(monkeypatch):
+    """The line passes restricted to the runs that hold a site give the same bits as over the whole domain
+    (the runs without one read inf either way): a sparse domain, a few sites, with and without out_bricks."""
+    from mapper.integrators import esdf as E
+
+    rng = np.random.default_rng(5)
+    bricks = torch.as_tensor(np.unique(rng.integers(-5, 5, (300, 3)), axis=0))
+    keys = E.voxel_keys(bricks)
+    bricks = bricks[torch.argsort(keys)]
+    pick = bricks[torch.as_tensor(rng.choice(len(bricks), 6, replace=False))]
+    vox = (pick * 4 + torch.as_tensor(rng.integers(0, 4, (6, 3)))).to(torch.int64)
+    t = torch.as_tensor((rng.random((6, 9)) - 0.5).astype(np.float32))
+    t[:, 1::3] = torch.maximum(t[:, 0::3], t[:, 1::3])  # rightmost >= leftmost
+    out = bricks[::3].contiguous()
+    got = [E.squared_distances(bricks, vox, t, 6), E.squared_distances(bricks, vox, t, 6, out_bricks=out)]
+    assert E._runs_with(bricks, 0, torch.zeros(len(bricks), dtype=torch.bool)).numel() == 0
+    monkeypatch.setattr(E, "_runs_with", lambda *a: None)
+    want = [E.squared_distances(bricks, vox, t, 6), E.squared_distances(bricks, vox, t, 6, out_bricks=out)]
+    assert torch.isfinite(want[0]).any() and torch.isinf(want[0]).any()
+    assert torch.equal(got[0].view(torch.int32), want[0].view(torch.int32))
+    rows = E._member(E.voxel_keys(bricks), E.voxel_keys(out))
+    assert torch.equal(got[1][rows].view(torch.int32), want[1][rows].view(torch.int32))

@@ -34,6 +34,12 @@ two implementations differ: the kernel walks a pointer, the reference searches t
   path.
 * :func:`mapper.kernels.triton_envelope.lower_envelope_triton` - one Triton program per 32 lines.
 * :func:`lower_envelope` - dispatch (``mapper.kernels.dispatch.use_triton``).
+* :func:`window_min_torch` - the same minimum over the slots within ``window`` of ``p`` only (min-plus
+  rounds, ``O(length * window)``, a few large vectorised ops per round: on the CPU cheaper than the
+  envelope's host loop while the window is short).
+* :func:`distance_pass` - what the ESDF calls: exact below ``(window + 1)^2`` (both forms agree there
+  bit for bit, and both are ``>= (window + 1)^2`` elsewhere, ``f >= 0``); the Triton envelope where
+  Triton runs, else the cheaper torch form by the expected work.
 """
 
 from __future__ import annotations
@@ -46,6 +52,11 @@ from ..errors import InvalidArgument, InvalidArgumentType
 from .dispatch import use_triton
 
 BATCH_SLOTS = 1 << 18  # slots per batch of lines in the torch reference (its temporaries: ~100 B a slot)
+# The torch envelope costs about as much per slot as this many min-plus pairs (p, p + d) per slot, or more
+# (measured on the CPU with the block min-plus, benchmarks/bench_esdf_cpu.py: the envelope ~0.3-1.3 us a
+# slot, a min-plus pair ~1-2.5 ns; the min-plus still 2.7x cheaper at 322 pairs a slot): :func:`distance_pass`
+# takes the rounds while they need fewer.
+MINPLUS_PAIRS_PER_SLOT = 256
 
 
 def _check(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor):
@@ -167,3 +178,99 @@ def _envelope_lines(f, out, start, length) -> None:
     d = ar[None, :] - sv.gather(1, k)
     res = torch.where(top[:, None] >= 0, sf.gather(1, k) + (d * d).to(torch.float32), math.inf)
     out[pos[valid]] = res[valid]
+
+
+def window_min_torch(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor, window: int) -> torch.Tensor:
+    """``g[p] = min over slots q of p's line with |p - q| <= window of fl(f[q] + (p - q)^2)`` (pure torch).
+
+    Same arguments and result layout as :func:`lower_envelope` (``inf`` outside the lines), plus
+    ``window >= 0``. Each candidate is the same float32 sum as the envelope's, so where the nearest-in-value
+    candidate lies within the window the two are equal bit for bit; with ``f >= 0`` that holds wherever
+    either result is below ``(window + 1)^2``. Work: per distinct line length ``n``, ``min(window, n - 1)``
+    rounds of four vectorised ops over the lines of that length (a ``[lines, n]`` block; no host loop over
+    lines or slots, lines without a finite value skipped).
+    """
+    _check(f, start, length)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise InvalidArgument(f"window: expected an int >= 0, got {window!r}")
+    out = torch.full_like(f, math.inf)
+    if start.numel() == 0 or f.numel() == 0:
+        return out
+    dev = f.device
+    length = length.to(torch.int64)
+    start = start.to(torch.int64)
+    # lines of one length side by side as the rows of a [lines, n] block: round d is two shifted adds and
+    # two minimums over the block (no per-slot masks, no line bookkeeping); rows that hold no finite value
+    # stay inf and are skipped; blocks of ~BATCH_SLOTS slots (bounded temporaries, cache-sized)
+    ns, counts = torch.unique(length, return_counts=True)
+    order = torch.argsort(length, stable=True)
+    ends = torch.cumsum(counts, 0).tolist()
+    for n, e, cnt in zip(ns.tolist(), ends, counts.tolist(), strict=True):
+        if n <= 0:
+            continue
+        lines = start[order[e - cnt : e]]
+        ar = torch.arange(n, device=dev)
+        rounds = min(window, n - 1)
+        step = max(BATCH_SLOTS // n, 1)
+        s0 = int(lines.min())
+        block = int(lines.max()) - s0 == (cnt - 1) * n  # non-overlapping lines: they tile [s0, s0 + cnt n)
+        for b in range(0, cnt, step):
+            dst = None
+            if block:  # a [lines, n] view of f (rows in slot order: each row is a line, any order will do)
+                sl = slice(s0 + b * n, s0 + min(b + step, cnt) * n)
+                c, dst = f[sl].view(-1, n), out[sl].view(-1, n)
+            else:
+                idx = lines[b : b + step, None] + ar[None, :]
+                c = f[idx]
+            act = None
+            if rounds:
+                act = (c < math.inf).any(dim=1)
+                if bool(act.all()):
+                    act = None
+                else:
+                    c = c[act]
+                    if c.shape[0] == 0:
+                        continue
+                g = c.clone()
+                tmp = torch.empty_like(c)
+                for d in range(1, rounds + 1):
+                    sq = float(d * d)  # exact in float32 for d <= 4096
+                    k = n - d
+                    t = torch.add(c[:, d:], sq, out=tmp[:, :k])  # q = p + d
+                    torch.minimum(g[:, :k], t, out=g[:, :k])
+                    t = torch.add(c[:, :k], sq, out=tmp[:, :k])  # q = p - d
+                    torch.minimum(g[:, d:], t, out=g[:, d:])
+                c = g
+            if dst is None:
+                out[idx if act is None else idx[act]] = c
+            elif act is None:
+                dst.copy_(c)
+            else:
+                dst[act] = c
+    return out
+
+
+def distance_pass(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor, window: int) -> torch.Tensor:
+    """The ESDF's 1-D pass: :func:`lower_envelope` where values below ``(window + 1)^2`` must be exact
+    (``f >= 0``; larger results may be any value ``>= (window + 1)^2``).
+
+    Triton envelope where Triton runs (no host sync); otherwise :func:`window_min_torch` or
+    :func:`lower_envelope_torch`, whichever is expected to cost less: on the CPU the envelope's host loop
+    (one step per slot of the longest line) only wins for long windows over long lines.
+
+    The expected work decides: the min-plus rounds cost one step per pair of slots ``(p, p + d)`` of a line
+    with ``d <= window``; the envelope about ``MINPLUS_PAIRS_PER_SLOT`` of them per slot."""
+    _check(f, start, length)
+    if use_triton(f.device):
+        from .triton_envelope import lower_envelope_triton
+
+        return lower_envelope_triton(f, start, length)
+    # values >= (window + 1)^2 only give results >= (window + 1)^2: as inf they leave the exact results as
+    # they are, and lines holding nothing below the cap are skipped whole by the min-plus form
+    f = f.masked_fill(f >= float((window + 1) ** 2), math.inf)
+    n = length.to(torch.int64)
+    r = torch.clamp(torch.clamp(n - 1, min=0), max=max(int(window), 0))  # rounds each line needs
+    pairs = int((r * n - r * (r + 1) // 2).sum())
+    if pairs <= MINPLUS_PAIRS_PER_SLOT * int(n.sum()):
+        return window_min_torch(f, start, length, window)
+    return lower_envelope_torch(f, start, length)
