@@ -19,7 +19,7 @@
 
 Two implementations with this signature: :func:`voxelize_torch` (sort-based reference, the CPU path) and
 :func:`voxelize_triton` (open-addressing hash table, no global sort; ``triton_voxelize.py``), dispatched by
-:func:`voxelize` through ``mapper.kernels.dispatch.use_triton``.
+:func:`voxelize` through ``mapper.kernels.dispatch.kernel``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 
 from .._validation import as_tensor
 from ..errors import InvalidArgument, InvalidArgumentType
-from .dispatch import use_triton
+from .dispatch import kernel
 
 
 class VoxelGrid(NamedTuple):
@@ -206,8 +206,4 @@ def voxelize(
     ``counts`` int32 ``[V]``, on the points' device; voxels ordered by their first point's input index.
     """
     p, g = prepare(points, voxel_size_m, range_min, range_max, max_points_per_voxel, max_voxels)
-    if use_triton(p.device):
-        from .triton_voxelize import voxelize_hash
-
-        return voxelize_hash(p, g)
-    return _voxelize_torch(p, g)
+    return kernel(p.device, _voxelize_torch, "triton_voxelize:voxelize_hash")(p, g)
