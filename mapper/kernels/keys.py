@@ -43,6 +43,11 @@ COORD_MARGIN_VOX = 8
 COORD_LIMIT_VOX = VOXEL_KEY_LIMIT - COORD_MARGIN_VOX  # map voxel coordinates: [-2^20 + 8, 2^20 - 8)
 BRICK_LO = -(1 << 18) + 2  # bricks whose voxels all lie in [-COORD_LIMIT_VOX, COORD_LIMIT_VOX): [LO, HI)
 BRICK_HI = (1 << 18) - 2
+# mesh keys (mapper.mesh.edge_keys / block_keys): a lattice edge packs signed i << 43 | (j + 2^20) << 22 |
+# (k + 2^19) << 2 | axis (i, j: 21 bits, k: 20 bits); a mesh block (brick) packs like a voxel key
+EDGE_IJ_BITS, EDGE_K_BITS = 21, 20
+EDGE_IJ_BIAS, EDGE_K_BIAS = 1 << 20, 1 << 19
+BLOCK_KEY_BITS, BLOCK_KEY_BIAS = VOXEL_KEY_BITS, VOXEL_KEY_BIAS
 
 
 def encode_leaf_keys(leaf_ijk: torch.Tensor) -> torch.Tensor:
@@ -119,6 +124,14 @@ def in_key_range(ijk: torch.Tensor) -> torch.Tensor:
     """bool ``[M]``: voxel coordinates ``[M, 3]`` inside the map's range ``[-COORD_LIMIT_VOX,
     COORD_LIMIT_VOX)`` on every axis."""
     return ((ijk >= -COORD_LIMIT_VOX) & (ijk < COORD_LIMIT_VOX)).all(dim=-1)
+
+
+def key_offsets(neighbourhood: int, device: torch.device) -> torch.Tensor:
+    """int64 ``[8]`` (``{0, 1}^3``) or ``[27]`` (``{-1, 0, 1}^3``): the :func:`voxel_keys` increments of the
+    neighbour voxels of a voxel (``key(v + d) = key(v) + key_offsets(d)`` inside the packable range)."""
+    r = (0, 1) if neighbourhood == 8 else (-1, 0, 1)
+    d = torch.tensor([(a, b, c) for a in r for b in r for c in r], dtype=torch.int64, device=device)
+    return (d[:, 0] << (2 * VOXEL_KEY_BITS)) + (d[:, 1] << VOXEL_KEY_BITS) + d[:, 2]
 
 
 def brick_keys(bricks: torch.Tensor) -> torch.Tensor:

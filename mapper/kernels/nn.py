@@ -27,23 +27,14 @@ import torch
 from .chunks import row_slices
 from .dispatch import kernel
 from .keys import VOXEL_KEY_BIAS as KEY_BIAS  # noqa: F401 (re-exported)
-from .keys import VOXEL_KEY_BITS as KEY_BITS
+from .keys import VOXEL_KEY_BITS as KEY_BITS  # noqa: F401 (re-exported)
 from .keys import VOXEL_KEY_LIMIT as KEY_LIMIT  # noqa: F401 (re-exported)
-from .keys import voxel_keys
+from .keys import key_offsets, voxel_keys
 
-_SHIFT_I = 2 * KEY_BITS
-_SHIFT_J = KEY_BITS
 # queries per chunk on the CPU: [chunk * ~10 candidate voxels, 3, K] temporaries stay ~1-2 MB
 CPU_QUERY_ROWS = 8192
 # coordinate of the unused point rows of a slot: its squared distance (~3e18) stays finite in float32
 EMPTY = 1.0e9
-
-
-def key_offsets(neighbourhood: int, device: torch.device) -> torch.Tensor:
-    """int64 ``[8]`` or ``[27]``: key increments of the candidate voxels relative to the base voxel."""
-    r = (0, 1) if neighbourhood == 8 else (-1, 0, 1)
-    d = torch.tensor([(a, b, c) for a in r for b in r for c in r], dtype=torch.int64, device=device)
-    return (d[:, 0] << _SHIFT_I) + (d[:, 1] << _SHIFT_J) + d[:, 2]
 
 
 def base_voxels(queries: torch.Tensor, voxel_size: float, neighbourhood: int) -> torch.Tensor:

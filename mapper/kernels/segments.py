@@ -38,7 +38,7 @@ import math
 import torch
 
 from .chunks import row_slices
-from .dispatch import kernel, use_triton
+from .dispatch import kernel
 from .keys import BRICK_HI, BRICK_LO, VOXEL_KEY_BIAS, VOXEL_KEY_BITS, brick_keys, keys_to_ijk  # noqa: F401
 
 KEY_BITS = VOXEL_KEY_BITS  # the voxel keys of mapper.kernels.keys (brick coordinates)
@@ -311,6 +311,16 @@ def _dense_flat_torch(k: torch.Tensor, lo, ext, cells: int) -> torch.Tensor:
     return torch.where(ok, (i * ext[1] + j) * ext[2] + l_, cells)
 
 
+def dense_flat_torch(keys: torch.Tensor, lo, ext, cells: int, seen: torch.Tensor) -> torch.Tensor:
+    """The reference of ``triton_segments.dense_flat_triton`` (same arguments): the row-major index of
+    each key's brick in the box ``lo + [0, ext)`` (``cells`` for ``-1`` keys and keys outside it), and
+    ``seen[index] = 1``; int64 indices, in row chunks."""
+    dev = keys.device
+    f = torch.cat([_dense_flat_torch(keys[sl], lo, ext, cells) for sl in row_slices(keys.numel(), dev)])
+    seen[f] = 1
+    return f
+
+
 def unique_brick_ranks(
     *keys: torch.Tensor, bbox: torch.Tensor | None = None, max_dense_cells: int = 1 << 26
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -337,16 +347,8 @@ def unique_brick_ranks(
     cells = ext[0] * ext[1] * ext[2]
     if cells <= max_dense_cells and cells <= 4 * n + (1 << 20):
         seen = torch.zeros(cells + 1, dtype=torch.uint8, device=dev)
-        if use_triton(dev):
-            from .triton_segments import dense_flat_triton
-
-            flats = [dense_flat_triton(k, lo, ext, cells, seen) for k in keys]
-        else:
-            flats = []
-            for k in keys:
-                f = torch.cat([_dense_flat_torch(k[sl], lo, ext, cells) for sl in row_slices(k.numel(), dev)])
-                seen[f] = 1
-                flats.append(f)
+        impl = kernel(dev, dense_flat_torch, "triton_segments:dense_flat_triton")
+        flats = [impl(k, lo, ext, cells, seen) for k in keys]
         idx = seen[:cells].nonzero().squeeze(1)  # sync: the brick count
         table = torch.empty(cells + 1, dtype=torch.int32, device=dev)
         table[idx] = torch.arange(idx.numel(), dtype=torch.int32, device=dev)

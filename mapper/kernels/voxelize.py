@@ -43,6 +43,15 @@ class VoxelGrid(NamedTuple):
     max_points: int
     max_voxels: int | None
 
+    def empty(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The result with no voxel for points ``p`` (``[0, K, C]``, ``[0, 3]``, ``[0]``)."""
+        dev = p.device
+        return (
+            torch.zeros((0, self.max_points, p.shape[1]), dtype=p.dtype, device=dev),
+            torch.zeros((0, 3), dtype=torch.int32, device=dev),
+            torch.zeros(0, dtype=torch.int32, device=dev),
+        )
+
 
 def _vec3(name: str, v) -> np.ndarray:
     if isinstance(v, torch.Tensor):
@@ -113,15 +122,6 @@ def cells_of(xyz: torch.Tensor, g: VoxelGrid) -> tuple[torch.Tensor, torch.Tenso
     return cells, keep
 
 
-def _empty(p: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dev = p.device
-    return (
-        torch.zeros((0, k, p.shape[1]), dtype=p.dtype, device=dev),
-        torch.zeros((0, 3), dtype=torch.int32, device=dev),
-        torch.zeros(0, dtype=torch.int32, device=dev),
-    )
-
-
 def voxelize_torch(
     points: torch.Tensor,
     voxel_size_m,
@@ -141,7 +141,7 @@ def _voxelize_torch(p: torch.Tensor, g: VoxelGrid) -> tuple[torch.Tensor, torch.
     cells, keep = cells_of(p[:, :3], g)
     idx = torch.nonzero(keep).squeeze(1)  # increasing: input order
     if idx.numel() == 0:
-        return _empty(p, k)
+        return g.empty(p)
     c = cells[idx]
     gx, gy, _ = g.grid
     key = (c[:, 2] * gy + c[:, 1]) * gx + c[:, 0]
