@@ -19,6 +19,7 @@ from mapper.integrators import occupancy as occ
 from mapper.integrators import tsdf
 from mapper.kernels import segments as S
 from mapper.kernels.dda import dda_torch
+from mapper.kernels.dispatch import triton_twin
 from mapper.layers import BrickLayer
 
 
@@ -342,7 +343,7 @@ def _frames(street_frames, device, backend, s, monkeypatch):
         if s < 0.2:
             pytest.skip("the interpreter: kernel equality is tested above; one voxel size is enough here")
         monkeypatch.setenv("MAPPER_KERNELS", "torch")
-        monkeypatch.setattr(S, "use_triton", lambda _device: True)
+        monkeypatch.setattr(S, "kernel", lambda _device, _torch, twin: triton_twin(twin))
         step = 29
     else:
         step = 1

@@ -53,8 +53,11 @@ def kernel(device: torch.device, torch_impl: Callable, triton_impl: str | Callab
     Triton twin (same signature) where :func:`use_triton` says so. ``triton_impl`` is the twin, or its name
     ``"<module>:<function>"`` in ``mapper.kernels`` (imported only when chosen, so a CPU install never
     imports Triton)."""
-    if not use_triton(device):
-        return torch_impl
+    return triton_twin(triton_impl) if use_triton(device) else torch_impl
+
+
+def triton_twin(triton_impl: str | Callable) -> Callable:
+    """The Triton implementation named by :func:`kernel`'s ``triton_impl`` (imported now)."""
     if callable(triton_impl):
         return triton_impl
     module, name = triton_impl.split(":")
