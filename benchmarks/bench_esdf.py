@@ -10,6 +10,8 @@ Cases (``--parts``):
 * ``kernel``: the exact transform alone (``squared_distances``: 3 line passes + 5 lower-envelope passes)
   on a synthetic domain (a slab of ``--kernel-bricks`` bricks with random sub-voxel sites) for
   ``M`` = 10 / 20 / 40 / 80 voxels: the pass costs O(voxels), not O(voxels x M);
+* ``cpuab``: the torch 1-D pass three ways (envelope / min-plus forced, the default pick) on the same
+  depth / LiDAR frames, process CPU time per update, layers asserted bit-identical;
 * ``room``: a long room sequence (``--room-frames``, default 1000) at TSDF ``--room-voxel`` (2 cm) / ESDF
   5 cm, frames rendered one at a time on the device (an orbit in the indoor scene: consecutive frames
   overlap as in a real RGB-D sequence), for the peak-memory check; stops early after ``--room-seconds``
@@ -43,8 +45,8 @@ def _sync(dev):
         torch.cuda.synchronize()
 
 
-def run(m: Map, frames, kind: str, dev, warmup: int, seconds: float = math.inf) -> dict:
-    tot, esdf = [], []
+def run(m: Map, frames, kind: str, dev, warmup: int, seconds: float = math.inf, every: int = 0) -> dict:
+    tot, esdf, trend = [], [], []
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
@@ -64,6 +66,18 @@ def run(m: Map, frames, kind: str, dev, warmup: int, seconds: float = math.inf) 
         if i >= warmup:
             tot.append((t2 - t0) * 1e3)
             esdf.append((t2 - t1) * 1e3)
+        if every and (i + 1) % every == 0:  # peak memory so far and the last frames' median
+            pk = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else float("nan")
+            recent = np.median(tot[-every:]) if tot else float("nan")
+            trend.append(
+                (i + 1, pk, float(recent), m.stats()["layers"]["esdf"]["voxels"], time.perf_counter() - start)
+            )
+            print(
+                "trend frames {} peak {:.3f} GiB median {:.2f} ms esdf voxels {} at {:.1f} s".format(
+                    *trend[-1]
+                ),
+                flush=True,
+            )
     st = m.stats()["layers"]
     peak = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else float("nan")
     t = np.asarray(tot)
@@ -77,7 +91,86 @@ def run(m: Map, frames, kind: str, dev, warmup: int, seconds: float = math.inf) 
         "free_voxels": st.get("free", {}).get("voxels", 0),
         "tsdf_voxels": st["tsdf"]["voxels"],
         "peak_gib": peak,
+        "trend": trend,
     }
+
+
+def counts(m: Map, frames, kind: str, dev, n: int = 3) -> dict:
+    """Per ESDF update, over ``n`` more frames: ``ops`` = aten operators dispatched under ``update_esdf``
+    (torch.profiler; on CUDA nearly each one a launch), ``launches`` = CUDA runtime/driver launch calls
+    under it (Triton's included), ``syncs`` = the warnings of ``torch.cuda.set_sync_debug_mode("warn")``
+    (every synchronising call torch knows: ``.item()``, ``nonzero``, ``unique``, copies to the host, ...)
+    and ``sync_calls`` = the profiler's ``cudaStreamSynchronize`` / blocking ``cudaMemcpy`` calls under
+    it. NaN where not measurable (CPU) or when the measurement fails (it is an aid)."""
+    import warnings
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as _profile
+
+    nan = float("nan")
+    res = {"ops": nan, "launches": nan, "syncs": nan, "sync_calls": nan}
+    if n <= 0:
+        return res
+
+    def step(f):
+        if kind == "lidar":
+            m.integrate_lidar(f[0], f[1])
+        else:
+            m.integrate_depth(f[0], f[1], f[2])
+
+    if dev.type == "cuda":
+        try:
+            warned = 0
+            for f in frames[-n:]:
+                step(f)
+                torch.cuda.synchronize()
+                with warnings.catch_warnings(record=True) as w:
+                    warnings.simplefilter("always")
+                    torch.cuda.set_sync_debug_mode("warn")
+                    try:
+                        m.update_esdf()
+                    finally:
+                        torch.cuda.set_sync_debug_mode("default")
+                warned += len(w)
+            res["syncs"] = warned / n
+        except Exception as e:
+            print(f"sync count failed: {e!r}", flush=True)
+    try:
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with _profile(activities=acts) as prof:
+            for f in frames[-n:]:
+                step(f)
+                with torch.profiler.record_function("update_esdf"):
+                    m.update_esdf()
+                _sync(dev)
+        ops = launches = syncs = 0
+        for ev in prof.events():
+            p, inside = ev.cpu_parent, False
+            while p is not None:
+                if p.name == "update_esdf":
+                    inside = True
+                    break
+                p = p.cpu_parent
+            if not inside:
+                continue
+            if (
+                ev.name.startswith("aten::")
+                and ev.cpu_parent is not None
+                and not ev.cpu_parent.name.startswith("aten::")
+            ):
+                ops += 1  # top-level operators only (not their internal calls)
+            if "LaunchKernel" in ev.name or ev.name.startswith("cuLaunch"):
+                launches += 1
+            elif ev.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize") or (
+                ev.name.startswith("cudaMemcpy") and "Async" not in ev.name
+            ):
+                syncs += 1
+        res["ops"] = ops / n
+        if dev.type == "cuda":
+            res["launches"], res["sync_calls"] = launches / n, syncs / n
+    except Exception as e:
+        print(f"launch count failed: {e!r}", flush=True)
+    return res
 
 
 def profile(m: Map, frames, n: int, dev) -> str:
@@ -95,6 +188,47 @@ def profile(m: Map, frames, n: int, dev) -> str:
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=48)
     print(table, flush=True)
     return f"profile of {n} frames (integrate_depth + update_esdf), by self CPU time:\n{table}"
+
+
+def cpu_ab(frames, kind: str, voxel: float, esdf_voxel: float, max_range: float, dev) -> dict:
+    """The torch 1-D pass three ways on the same frames: three maps fed the same frames, with the torch
+    envelope forced, the windowed min-plus forced, and the default pick by the expected work
+    (``MINPLUS_PAIRS_PER_SLOT``). Per update: process CPU time (``time.process_time``: robust to other
+    jobs on a shared machine, unlike wall time); asserts the three layers equal bit for bit."""
+    from mapper.kernels import envelope as env
+
+    default = env.MINPLUS_PAIRS_PER_SLOT
+    setting = {"envelope": -1, "minplus": 1 << 40, "pick": default}
+    maps = {
+        name: Map(voxel, ("tsdf", "esdf"), dev, esdf_voxel_size_m=esdf_voxel, max_range_m=max_range)
+        for name in setting
+    }
+    cpu = {name: [] for name in maps}
+    wall = {name: [] for name in maps}
+    try:
+        for f in frames:
+            for name, m in maps.items():
+                if kind == "lidar":
+                    m.integrate_lidar(f[0], f[1])
+                else:
+                    m.integrate_depth(f[0], f[1], f[2])
+                env.MINPLUS_PAIRS_PER_SLOT = setting[name]
+                c0, w0 = time.process_time(), time.perf_counter()
+                m.update_esdf()
+                cpu[name].append(time.process_time() - c0)
+                wall[name].append(time.perf_counter() - w0)
+            ga, da = maps["envelope"]._esdf.view()
+            for other in ("minplus", "pick"):
+                gb, db = maps[other]._esdf.view()
+                assert torch.equal(ga.leaves.keys, gb.leaves.keys)
+                assert torch.equal(da["esdf"].view(torch.int32), db["esdf"].view(torch.int32))
+                assert torch.equal(da["observed"], db["observed"])
+    finally:
+        env.MINPLUS_PAIRS_PER_SLOT = default
+    out = {"frames": len(frames), "voxels": maps["pick"].stats()["layers"]["esdf"]["voxels"]}
+    for name in maps:
+        out[name] = (float(np.median(cpu[name])), float(np.max(cpu[name])), float(np.median(wall[name])))
+    return out
 
 
 def kernel_case(n_bricks: int, margin: int, dev, reps: int = 5) -> dict:
@@ -145,6 +279,8 @@ def main(argv=None):
     ap.add_argument("--room-frames", type=int, default=1000)
     ap.add_argument("--room-voxel", type=float, default=0.02)
     ap.add_argument("--room-seconds", type=float, default=math.inf)
+    ap.add_argument("--room-every", type=int, default=100, help="room: peak memory every this many frames")
+    ap.add_argument("--count-frames", type=int, default=3, help="frames for launch and sync counts (CUDA)")
     ap.add_argument(
         "--profile", type=int, default=0, help="profile this many ESDF updates (depth, first voxel)"
     )
@@ -163,15 +299,18 @@ def main(argv=None):
         f"- command: `python {' '.join(sys.argv)}`",
         "",
         "| case | frames | ms/frame median | p99 | max | ESDF update median | ESDF voxels | free voxels |"
-        " TSDF voxels | peak GiB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " TSDF voxels | peak GiB | ops / update | launches / update | syncs / update (debug mode; sync"
+        " calls) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def row(label, r):
         line = (
             f"| {label} | {r['frames']} | {r['median']:.2f} | {r['p99']:.2f} | {r['max']:.2f} | "
             f"{r['esdf_median']:.2f} | {r['esdf_voxels']:,} | {r['free_voxels']:,} | {r['tsdf_voxels']:,} | "
-            f"{r['peak_gib']:.2f} |"
+            f"{r['peak_gib']:.2f} | {r.get('ops', math.nan):.0f} | "
+            f"{r.get('launches', math.nan):.0f} | {r.get('syncs', math.nan):.0f}; "
+            f"{r.get('sync_calls', math.nan):.0f} |"
         )
         lines.append(line)
         print(line, flush=True)
@@ -185,6 +324,7 @@ def main(argv=None):
         for v in args.depth_voxels:
             m = Map(v, ("tsdf", "esdf"), dev, esdf_voxel_size_m=args.esdf_voxel, max_range_m=8.0)
             r = run(m, dframes[: args.depth_frames + args.warmup], "depth", dev, args.warmup)
+            r.update(counts(m, dframes, "depth", dev, args.count_frames))
             row(f"depth 640x480, TSDF {v * 100:g} cm, ESDF {args.esdf_voxel * 100:g} cm, max 2 m", r)
             if args.profile and v == args.depth_voxels[0]:
                 try:
@@ -197,6 +337,7 @@ def main(argv=None):
         for v in args.lidar_voxels:
             m = Map(v, ("tsdf", "esdf"), dev, esdf_voxel_size_m=args.lidar_esdf_voxel, max_range_m=60.0)
             r = run(m, lframes, "lidar", dev, args.warmup)
+            r.update(counts(m, lframes, "lidar", dev, args.count_frames))
             row(f"LiDAR 120k, TSDF {v * 100:g} cm, ESDF {args.lidar_esdf_voxel * 100:g} cm, max 2 m", r)
             del m
     if "maxd" in args.parts:
@@ -207,6 +348,33 @@ def main(argv=None):
             r = run(m, dframes[: args.maxd_frames + args.warmup], "depth", dev, args.warmup)
             row(f"depth, TSDF 2 cm, ESDF 5 cm, max distance {md:g} m", r)
             del m
+    if "cpuab" in args.parts:
+        lines += [
+            "",
+            "| torch 1-D pass, same frames (bits equal) | frames | ESDF voxels | CPU s per update, median /"
+            " max (wall median): envelope | min-plus | default pick | envelope / pick |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        cases = [("depth", v, args.esdf_voxel, 8.0) for v in args.depth_voxels]
+        cases += [("lidar", v, args.lidar_esdf_voxel, 60.0) for v in args.lidar_voxels]
+        for kind, v, ev, rng in cases:
+            fr = (
+                depth_frames(args.depth_frames, dev)
+                if kind == "depth"
+                else lidar_frames(args.lidar_frames, dev)
+            )
+            r = cpu_ab(fr, kind, v, ev, rng, dev)
+            e, mp, p = r["envelope"], r["minplus"], r["pick"]
+            lines.append(
+                f"| {kind}, TSDF {v * 100:g} cm, ESDF {ev * 100:g} cm, max 2 m | {r['frames']} | "
+                f"{r['voxels']:,} | {e[0]:.2f} / {e[1]:.2f} ({e[2]:.2f}) | {mp[0]:.2f} / {mp[1]:.2f} "
+                f"({mp[2]:.2f}) | {p[0]:.2f} / {p[1]:.2f} ({p[2]:.2f}) | {e[0] / max(p[0], 1e-9):.1f}x |"
+            )
+            print(lines[-1], flush=True)
+            if args.out:
+                with open(args.out, "w") as fh:
+                    fh.write("\n".join(lines) + "\n")
+        lines.append("")
     if "kernel" in args.parts:
         lines += [
             "",
@@ -222,12 +390,20 @@ def main(argv=None):
         m = Map(args.room_voxel, ("tsdf", "esdf"), dev, esdf_voxel_size_m=args.esdf_voxel, max_range_m=8.0)
         cam = sim.PinholeCamera.kinect()
         seq = sim.depth_sequence(args.room_frames, cam, dev, 1, max_range_m=8.0)  # lazy: one frame at a time
-        r = run(m, seq, "depth", dev, args.warmup, args.room_seconds)
+        r = run(m, seq, "depth", dev, args.warmup, args.room_seconds, every=args.room_every)
         row(
             f"room sequence ({r['frames'] + args.warmup} of {args.room_frames} frames), TSDF "
             f"{args.room_voxel * 100:g} cm, ESDF {args.esdf_voxel * 100:g} cm, max 2 m",
             r,
         )
+        lines += [
+            "",
+            "| room: frames so far | peak GiB so far | median ms (last frames) | ESDF voxels | seconds |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [f"| {a} | {b:.3f} | {c:.2f} | {d:,} | {e:.1f} |" for a, b, c, d, e in r["trend"]]
+        lines.append("")
+        print("\n".join(lines[-len(r["trend"]) - 2 :]), flush=True)
         del m
     text = "\n".join(lines) + "\n"
     if args.out:

@@ -137,3 +137,58 @@ def test_transform_on_needed_bricks_equals_full(device):
     assert near.any() and (~near).any()
     assert torch.equal(a[near], b[near])
     assert (b[~near] > cap).all()
+
+
+def _oracle_window(f: np.ndarray, start: np.ndarray, length: np.ndarray, w: int) -> np.ndarray:
+    g = np.full_like(f, np.inf)
+    for s, n in zip(start.tolist(), length.tolist(), strict=True):
+        d = np.arange(n)
+        diff = d[:, None] - d[None, :]
+        d2 = np.where(np.abs(diff) <= w, (diff**2).astype(np.float32), np.inf).astype(np.float32)
+        if n:
+            g[s : s + n] = (f[s : s + n][None, :] + d2).min(axis=1)
+    return g
+
+
+@pytest.mark.parametrize("window", [0, 1, 3, 7, 60])
+def test_window_min_matches_bruteforce(window):
+    """The CPU's min-plus form: the exact windowed minimum (NumPy brute force), lines with gaps between
+    them and slots outside every line reading inf."""
+    from mapper.kernels.envelope import window_min_torch
+
+    rng = np.random.default_rng(window)
+    start, length, total = _lines(rng, 50, 40)
+    f = (rng.random(total) * 30).astype(np.float32)
+    f[rng.random(total) < 0.7] = np.inf
+    got = window_min_torch(torch.from_numpy(f), torch.from_numpy(start), torch.from_numpy(length), window)
+    np.testing.assert_array_equal(got.numpy(), _oracle_window(f, start, length, window))
+
+
+@pytest.mark.parametrize("window", [2, 5, 50])
+def test_distance_pass_equals_envelope_below_window(window):
+    """``distance_pass`` (min-plus or envelope by the work) equals the full envelope bit for bit wherever
+    either is below ``(window + 1)^2`` and is ``>= (window + 1)^2`` elsewhere: what the ESDF relies on."""
+    from mapper.kernels.envelope import distance_pass, window_min_torch
+
+    rng = np.random.default_rng(11 + window)
+    start, length, total = _lines(rng, 40, 90)
+    f = (rng.random(total) * 2 * window**2).astype(np.float32)
+    f[rng.random(total) < 0.8] = np.inf
+    args = (torch.from_numpy(f), torch.from_numpy(start), torch.from_numpy(length))
+    full = lower_envelope_torch(*args).numpy()
+    for got in (distance_pass(*args, window).numpy(), window_min_torch(*args, window).numpy()):
+        cap = np.float32((window + 1) ** 2)
+        near = (full < cap) | (got < cap)
+        assert near.any() and (~near & np.isfinite(full)).any()
+        np.testing.assert_array_equal(got[near], full[near])
+        assert (got[~near] >= cap).all()
+
+
+def test_window_min_argument_errors():
+    from mapper.kernels.envelope import window_min_torch
+
+    f, s = torch.zeros(4), torch.tensor([0])
+    with pytest.raises(InvalidArgument, match="window"):
+        window_min_torch(f, s, torch.tensor([4]), -1)
+    with pytest.raises(InvalidArgumentType, match="f: expected a float32"):
+        window_min_torch(f.double(), s, s, 2)

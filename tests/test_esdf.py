@@ -599,3 +599,58 @@ def test_argument_errors():
         integ.update(layer, None, [torch.zeros((2, 3))])
     with pytest.raises(InvalidArgument, match="needs a tsdf or occupancy layer"):
         integ.update(None, None, [torch.zeros((1, 3), dtype=torch.int64)])
+
+
+@pytest.mark.parametrize("r", [1, 3])
+def test_dense_dilation_equals_intervals_and_bruteforce(device, r, monkeypatch):
+    """Brick-set growth by a dense bitmap (CUDA's default) and by merged intervals (the CPU's) give the same
+    sorted set as a NumPy brute force (every offset of the box), negative coordinates included; a box over
+    ``DENSE_CELLS`` falls back to the intervals."""
+    from mapper.integrators import esdf as E
+
+    rng = np.random.default_rng(r)
+    b = np.unique(rng.integers(-9, 7, (60, 3)), axis=0)
+    b = np.concatenate((b, [[40, -30, 2]]))  # a far brick: a sparse box
+    t = torch.as_tensor(b, device=device)
+
+    def brute(radii):
+        rng3 = [np.arange(-x, x + 1) for x in radii]
+        off = np.stack(np.meshgrid(*rng3, indexing="ij"), -1).reshape(-1, 3)
+        return np.unique((b[:, None, :] + off[None]).reshape(-1, 3), axis=0)  # lexicographic = key order
+
+    want = brute((r, r, r))
+    for dense in (True, False):
+        got = E._dilate_bricks(t, r, dense=dense).cpu().numpy()
+        np.testing.assert_array_equal(got, want)
+    for axis in range(3):
+        radii = [0, 0, 0]
+        radii[axis] = r
+        want = brute(radii)
+        for dense in (True, False):
+            np.testing.assert_array_equal(E._grow_axis(t, r, axis, dense=dense).cpu().numpy(), want)
+    monkeypatch.setattr(E, "DENSE_CELLS", 10)
+    assert E._dilate_dense(t, (r, r, r)) is None
+    np.testing.assert_array_equal(E._dilate_bricks(t, r, dense=True).cpu().numpy(), brute((r, r, r)))
+
+
+def test_incremental_equals_cold_with_dense_sets(monkeypatch):
+    """The CUDA brick-set path (dense dilation) on the CPU: LiDAR frames with a moving object, then a clear;
+    incremental == cold bit for bit, and equal to the interval path's layer."""
+    from mapper.integrators import esdf as E
+
+    def frames(m):
+        for i, x in enumerate((0.0, 0.3, 0.6)):
+            pts = _lidar_points([x, 0.0, 0.0], [([1.2 - 0.2 * i, 0.4, -0.2], 0.35)], n_az=60, n_el=16)
+            m.integrate_lidar(pts - [x, 0.0, 0.0], _pose([x, 0.0, 0.0]))
+            m.update_esdf()
+        m.clear([0.8, 0.0, -0.6], [1.6, 0.8, 0.2])
+        m.update_esdf()
+
+    maps = []
+    for dense in (True, False):
+        monkeypatch.setattr(E, "_dense_sets", lambda device, dense=dense: dense)
+        m = mapper.Map(VOX, layers=("tsdf", "esdf"), device="cpu", esdf_max_distance_m=0.5, max_range_m=5.0)
+        frames(m)
+        _map_equals_cold(m)
+        maps.append(m)
+    assert_same_layer(maps[0]._esdf, maps[1]._esdf)

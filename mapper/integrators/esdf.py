@@ -53,12 +53,13 @@ import torch
 
 from ..errors import InvalidArgument, InvalidArgumentType
 from ..grid import IndexGrid
-from ..kernels.envelope import lower_envelope
+from ..kernels.envelope import distance_pass
 from ..layers import BrickLayer, FieldSpec, brick_in_leaf, brick_local_coords, brick_offsets
 from .common import keys_to_ijk, voxel_keys
 
 CPU_ROWS = 1 << 17  # slots per chunk of a line pass on the CPU (int32: 512 KB per array)
 CPU_BRICKS = 1 << 11  # bricks per chunk for site extraction and distances on the CPU
+DENSE_CELLS = 1 << 25  # largest bounding box (bricks) that brick-set dilation maps densely (64 MiB fp16)
 
 
 def esdf_fields(max_distance_m: float) -> dict[str, FieldSpec]:
@@ -106,13 +107,65 @@ def _dilate_axis(b: torch.Tensor, r: int, axis: int) -> torch.Tensor:
     return out
 
 
-def _dilate_bricks(bricks: torch.Tensor, r: int) -> torch.Tensor:
-    """Sorted unique int64 ``[M', 3]`` bricks within Chebyshev distance ``r`` of the unique ``bricks``."""
+def _dense_sets(device: torch.device) -> bool:
+    """Whether brick sets are dilated through a dense bitmap by default: on CUDA, where the interval merge's
+    ~30 launches and 2 host syncs per axis cost more than the bitmap; on the CPU the merge is cheaper."""
+    return device.type == "cuda"
+
+
+def _dilate_dense(bricks: torch.Tensor, radii: tuple[int, int, int]) -> torch.Tensor | None:
+    """Sorted unique int64 ``[M', 3]`` bricks within ``radii[a]`` of the unique ``bricks`` along each axis
+    ``a`` (a box), through a bitmap over their grown bounding box and three separable max-pools: a fixed
+    dozen launches and two host reads (the box, the result's size), whatever the set. None when the box
+    has more than ``DENSE_CELLS`` cells (the caller takes the sparse path)."""
+    dev = bricks.device
+    rad = torch.tensor(radii, dtype=torch.int64, device=dev)
+    lo_t = bricks.min(dim=0).values - rad
+    box = torch.cat((lo_t, bricks.max(dim=0).values + rad)).tolist()  # one read of 6 integers
+    ext = [box[3 + a] - box[a] + 1 for a in range(3)]
+    if ext[0] * ext[1] * ext[2] > DENSE_CELLS:
+        return None
+    # float16 max-pools on CUDA (2 B a cell); the CPU has no half max-pool
+    grid = torch.zeros(ext, dtype=torch.float16 if dev.type == "cuda" else torch.float32, device=dev)
+    b = bricks - lo_t
+    grid[b[:, 0], b[:, 1], b[:, 2]] = 1
+    x = grid[None, None]
+    for a, r in enumerate(radii):
+        if r:
+            k, pad = [1, 1, 1], [0, 0, 0]
+            k[a], pad[a] = 2 * r + 1, r
+            x = torch.nn.functional.max_pool3d(x, k, stride=1, padding=pad)
+    return x[0, 0].nonzero() + lo_t  # row-major order of the box = key order (i major)
+
+
+def _dilate_bricks(bricks: torch.Tensor, r: int, dense: bool | None = None) -> torch.Tensor:
+    """Sorted unique int64 ``[M', 3]`` bricks within Chebyshev distance ``r`` of the unique ``bricks``.
+
+    ``dense`` (default: on CUDA): by :func:`_dilate_dense` where the box is small enough, else by merged
+    intervals per line (the same set)."""
     if bricks.shape[0] == 0 or r == 0:
         return _unique_bricks(bricks)
+    if _dense_sets(bricks.device) if dense is None else dense:
+        out = _dilate_dense(bricks, (r, r, r))
+        if out is not None:
+            return out
     for axis in range(3):
         bricks = _dilate_axis(bricks, r, axis)
     return _unique_bricks(bricks)
+
+
+def _grow_axis(bricks: torch.Tensor, r: int, axis: int, dense: bool | None = None) -> torch.Tensor:
+    """Sorted unique bricks of ``bricks`` grown by ``+-r`` along ``axis`` (dense where
+    :func:`_dilate_bricks` is)."""
+    if bricks.shape[0] == 0 or r == 0:
+        return _unique_bricks(bricks)
+    if _dense_sets(bricks.device) if dense is None else dense:
+        radii = [0, 0, 0]
+        radii[axis] = r
+        out = _dilate_dense(bricks, tuple(radii))
+        if out is not None:
+            return out
+    return _unique_bricks(_dilate_axis(bricks, r, axis))
 
 
 # ------------------------------------------------------------------------------------- source values
@@ -131,10 +184,24 @@ def _gather_bricks(layer: BrickLayer | None, bricks: torch.Tensor, name: str, fi
 
 def _existing_bricks(layer: BrickLayer, bricks: torch.Tensor) -> torch.Tensor:
     """The rows of int64 ``[M, 3]`` ``bricks`` that are allocated in ``layer``."""
+    return _existing_slots(layer, bricks)[0]
+
+
+def _existing_slots(layer: BrickLayer, bricks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the rows of int64 ``[M, 3]`` ``bricks`` allocated in ``layer``, their pool slots int64): one grid
+    lookup for the set and its values."""
     if bricks.shape[0] == 0 or layer.grid.num_leaves == 0:
-        return bricks[:0]
+        return bricks[:0], torch.zeros(0, dtype=torch.int64, device=bricks.device)
     slot, _ = layer.voxel_slots(bricks << 2)
-    return bricks[slot >= 0]
+    keep = slot >= 0
+    return bricks[keep], slot[keep]
+
+
+def _gather_slots(layer: BrickLayer, slot: torch.Tensor, name: str) -> torch.Tensor:
+    """Field ``name`` of whole bricks at allocated ``slot`` (int64 ``[M]``) -> ``[M, 64]``."""
+    if slot.shape[0] == 0:
+        return torch.zeros((0, 64), dtype=layer.pool.fields[name].dtype, device=slot.device)
+    return layer.pool.gather(name, slot)
 
 
 def tsdf_sites(layer: BrickLayer, bricks: torch.Tensor, rows: int = CPU_BRICKS):
@@ -155,10 +222,10 @@ def tsdf_sites(layer: BrickLayer, bricks: torch.Tensor, rows: int = CPU_BRICKS):
     # the bricks and their face neighbours that exist, gathered once; row ``len(ext)`` = "absent"
     steps = torch.cat((torch.zeros((1, 3), dtype=torch.int64), torch.eye(3, dtype=torch.int64)))
     steps = torch.cat((steps, -steps[1:])).to(dev)  # 0, +i, +j, +k, -i, -j, -k
-    ext = _existing_bricks(layer, _unique_bricks((bricks[:, None, :] + steps[None]).reshape(-1, 3)))
+    ext, ext_slot = _existing_slots(layer, _unique_bricks((bricks[:, None, :] + steps[None]).reshape(-1, 3)))
     keys = voxel_keys(ext)
-    t_all = _gather_bricks(layer, ext, "tsdf", 0.0).to(torch.float32)
-    o_all = _gather_bricks(layer, ext, "weight", 0.0) > 0
+    t_all = _gather_slots(layer, ext_slot, "tsdf").to(torch.float32)
+    o_all = _gather_slots(layer, ext_slot, "weight") > 0
     t_all = torch.cat((t_all, t_all.new_zeros((1, 64)))).reshape(-1, 4, 4, 4)
     o_all = torch.cat((o_all, o_all.new_zeros((1, 64)))).reshape(-1, 4, 4, 4)
 
@@ -309,32 +376,31 @@ def _padded_bricks(layer: BrickLayer, bricks: torch.Tensor):
     (from the 7 upper neighbour bricks; absent = unobserved): ``[M, 5, 5, 5]`` each."""
     m = bricks.shape[0]
     dev = bricks.device
-    corners = torch.tensor([[(c >> 2) & 1, (c >> 1) & 1, c & 1] for c in range(8)], device=dev)
-    ext = _existing_bricks(layer, _unique_bricks((bricks[:, None, :] + corners[None]).reshape(-1, 3)))
+    corners = _corner_offsets(dev)
+    ext, slot = _existing_slots(layer, _unique_bricks((bricks[:, None, :] + corners[None]).reshape(-1, 3)))
     keys = voxel_keys(ext)
-    slot, _ = (
-        layer.voxel_slots(ext << 2) if ext.shape[0] else (torch.zeros(0, dtype=torch.int64, device=dev), None)
-    )
-    if ext.shape[0]:
-        t_all = layer.pool.gather("tsdf", slot).to(torch.float64)
-        o_all = layer.pool.gather("weight", slot) > 0
-    else:
-        t_all = torch.zeros((0, 64), dtype=torch.float64, device=dev)
-        o_all = torch.zeros((0, 64), dtype=torch.bool, device=dev)
+    t_all = _gather_slots(layer, slot, "tsdf").to(torch.float64)
+    o_all = _gather_slots(layer, slot, "weight") > 0
     t_all = torch.cat((t_all, t_all.new_zeros((1, 64)))).view(-1, 4, 4, 4)
     o_all = torch.cat((o_all, o_all.new_zeros((1, 64)))).view(-1, 4, 4, 4)
     t = torch.zeros((m, 5, 5, 5), dtype=torch.float64, device=dev)
     o = torch.zeros((m, 5, 5, 5), dtype=torch.bool, device=dev)
+    # the rows of the 8 corner bricks at once (``len(ext)``: absent)
+    k = voxel_keys((bricks[:, None, :] + corners[None]).reshape(-1, 3))
+    pos = torch.searchsorted(keys, k).clamp_(max=max(keys.numel() - 1, 0))
+    rows = torch.where(keys[pos] == k, pos, keys.numel()) if keys.numel() else pos
+    rows = rows.view(m, 8)
     for c in range(8):
-        d = corners[c].tolist()
-        k = voxel_keys(bricks + corners[c])
-        pos = torch.searchsorted(keys, k).clamp_(max=max(keys.numel() - 1, 0))
-        row = torch.where(keys[pos] == k, pos, torch.full_like(pos, keys.numel())) if keys.numel() else pos
+        d = ((c >> 2) & 1, (c >> 1) & 1, c & 1)  # as ``corners[c]``, without reading the device
         src = tuple(slice(0, 4) if x == 0 else slice(0, 1) for x in d)
         dst = tuple(slice(0, 4) if x == 0 else slice(4, 5) for x in d)
-        t[(slice(None), *dst)] = t_all[row][(slice(None), *src)]
-        o[(slice(None), *dst)] = o_all[row][(slice(None), *src)]
+        t[(slice(None), *dst)] = t_all[rows[:, c]][(slice(None), *src)]
+        o[(slice(None), *dst)] = o_all[rows[:, c]][(slice(None), *src)]
     return t, o
+
+
+_AXES_UV = ((0, 1, 2), (1, 0, 2), (2, 0, 1))  # line axis a and the other two (u < v)
+_PAD_STRIDE = (25, 5, 1)  # element strides along i, j, k of a [5, 5, 5] padded brick
 
 
 def coarse_tsdf_sites(
@@ -351,50 +417,58 @@ def coarse_tsdf_sites(
     dev = fine_bricks.device
     keys, axes, offs = [], [], []
     ar4 = torch.arange(4, device=dev)
+    ar5 = torch.arange(5, device=dev)
+    uu = torch.tensor([u for _, u, _ in _AXES_UV], device=dev)  # the other two axes of each line axis
+    vv = torch.tensor([v for _, _, v in _AXES_UV], device=dev)
     for sl in _chunks(fine_bricks.shape[0], dev, rows):
         b = fine_bricks[sl]
         t, o = _padded_bricks(layer, b)
         # per axis and brick: the coarse line (index, fraction) through each of the 4 fine cells, if any
         lines = [_coarse_of_fine(b[:, x, None] * 4 + ar4[None, :], ratio) for x in range(3)]  # [m, 4] each
-        for a in range(3):
-            u, v = (x for x in range(3) if x != a)
-            iu, fu, oku = lines[u]
-            iv, fv, okv = lines[v]
-            has = oku[:, :, None] & okv[:, None, :]  # [m, 4(u), 4(v)]
-            bi, cu, cv = has.nonzero(as_tuple=True)
-            if bi.numel() == 0:
-                continue
-            fu_, fv_ = fu[bi, cu][:, None], fv[bi, cv][:, None]  # [L, 1]
-            # values on the line at the 5 breakpoints k = 0..4 of the brick (bilinear across the line)
-            tp = t.permute(0, u + 1, v + 1, a + 1)  # [m, u, v, a]
-            op = o.permute(0, u + 1, v + 1, a + 1)
-            acc = torch.zeros((bi.numel(), 5), dtype=torch.float64, device=dev)
-            ok = torch.ones((bi.numel(), 5), dtype=torch.bool, device=dev)
-            for du in (0, 1):
-                for dv in (0, 1):
-                    wgt = (fu_ if du else 1.0 - fu_) * (fv_ if dv else 1.0 - fv_)
-                    tv = tp[bi, cu + du, cv + dv]  # [L, 5]
-                    ov = op[bi, cu + du, cv + dv]
-                    need = wgt > 0
-                    ok &= ~need | ov
-                    acc = acc + torch.where(need, wgt * tv, torch.zeros_like(acc))
-            va, vb = acc[:, :4], acc[:, 1:]
-            cross = ok[:, :4] & ok[:, 1:] & ((va > 0) != (vb > 0))
-            li, k = cross.nonzero(as_tuple=True)
-            if li.numel() == 0:
-                continue
-            va, vb = va[li, k], vb[li, k]
-            tt = va / (va - vb)
-            kk = (b[bi[li], a] * 4 + k).to(torch.float64)
-            q = (kk + tt + 0.5) / ratio  # coarse units: voxel c spans [c, c + 1)
-            c = torch.floor(q)
-            site = torch.empty((li.numel(), 3), dtype=torch.int64, device=dev)
-            site[:, a] = c.to(torch.int64)
-            site[:, u] = iu[bi[li], cu[li]]
-            site[:, v] = iv[bi[li], cv[li]]
-            keys.append(voxel_keys(site))
-            axes.append(torch.full((li.numel(),), a, dtype=torch.int64, device=dev))
-            offs.append((q - c - 0.5).to(torch.float32))
+        # the three line axes a at once (axis-major), with u, v the other two: (a, u, v) = (0, 1, 2),
+        # (1, 0, 2), (2, 0, 1); every value is formed as it would be for one axis alone
+        i_all, f_all, ok_all = (torch.stack([ln[j] for ln in lines]) for j in range(3))  # [3, m, 4]
+        iu, fu, oku = i_all[uu], f_all[uu], ok_all[uu]
+        iv, fv, okv = i_all[vv], f_all[vv], ok_all[vv]
+        has = oku[:, :, :, None] & okv[:, :, None, :]  # [3, m, 4(u), 4(v)]
+        ax, bi, cu, cv = has.nonzero(as_tuple=True)
+        if bi.numel() == 0:
+            continue
+        fu_, fv_ = fu[ax, bi, cu][:, None], fv[ax, bi, cv][:, None]  # [L, 1]
+        # values on the line at the 5 breakpoints k = 0..4 of the brick (bilinear across the line)
+        # (flat indices into the [m, 5, 5, 5] blocks: strides 25, 5, 1 along i, j, k; no per-axis copies)
+        t_flat, o_flat = t.reshape(-1), o.reshape(-1)
+        strides = torch.tensor(_PAD_STRIDE, device=dev)
+        s_u, s_v, s_a = (strides[x][ax] for x in (uu, vv, torch.arange(3, device=dev)))
+        along = ar5[None, :] * s_a[:, None]  # [L, 5]
+        acc = torch.zeros((bi.numel(), 5), dtype=torch.float64, device=dev)
+        ok = torch.ones((bi.numel(), 5), dtype=torch.bool, device=dev)
+        for du in (0, 1):
+            for dv in (0, 1):
+                wgt = (fu_ if du else 1.0 - fu_) * (fv_ if dv else 1.0 - fv_)
+                at = (bi * 125 + (cu + du) * s_u + (cv + dv) * s_v)[:, None] + along
+                tv, ov = t_flat[at], o_flat[at]  # [L, 5]: t[bi, ...] along the line axis
+                need = wgt > 0
+                ok &= ~need | ov
+                acc = acc + torch.where(need, wgt * tv, torch.zeros_like(acc))
+        va, vb = acc[:, :4], acc[:, 1:]
+        cross = ok[:, :4] & ok[:, 1:] & ((va > 0) != (vb > 0))
+        li, k = cross.nonzero(as_tuple=True)
+        if li.numel() == 0:
+            continue
+        va, vb = va[li, k], vb[li, k]
+        tt = va / (va - vb)
+        a_l, b_l = ax[li], bi[li]
+        kk = (b[b_l, a_l] * 4 + k).to(torch.float64)
+        q = (kk + tt + 0.5) / ratio  # coarse units: voxel c spans [c, c + 1)
+        c = torch.floor(q)
+        site = torch.empty((li.numel(), 3), dtype=torch.int64, device=dev)
+        site.scatter_(1, a_l[:, None], c.to(torch.int64)[:, None])
+        site.scatter_(1, uu[a_l][:, None], iu[a_l, b_l, cu[li]][:, None])
+        site.scatter_(1, vv[a_l][:, None], iv[a_l, b_l, cv[li]][:, None])
+        keys.append(voxel_keys(site))
+        axes.append(a_l)
+        offs.append((q - c - 0.5).to(torch.float32))
     if not keys:
         return torch.zeros((0, 3), dtype=torch.int64, device=dev), torch.zeros((0, 9), device=dev)
     return _reduce_sites(torch.cat(keys), torch.cat(axes), torch.cat(offs))
@@ -450,11 +524,11 @@ class _FineBlock:
         rng = torch.arange(span, device=dev)
         off = torch.stack(torch.meshgrid(rng, rng, rng, indexing="ij"), dim=-1).reshape(-1, 3)
         cand = lo[:, None, :] + off[None]
-        fine = _existing_bricks(layer, _unique_bricks(cand[(cand <= hi[:, None, :]).all(dim=2)]))
+        fine, slot = _existing_slots(layer, _unique_bricks(cand[(cand <= hi[:, None, :]).all(dim=2)]))
         self.names, self.fills = list(names), list(fills)
         self.vals = []
         for n, f in zip(self.names, self.fills, strict=True):
-            v = _gather_bricks(layer, fine, n, f).to(torch.float32)
+            v = _gather_slots(layer, slot, n).to(torch.float32)
             self.vals.append(torch.cat((v, torch.full((1, 64), f, dtype=torch.float32, device=dev))))
         self.absent = fine.shape[0]
         if fine.shape[0]:
@@ -478,6 +552,12 @@ class _FineBlock:
         row = torch.where(inside, self.table[self._flat(torch.where(inside[:, None], b, 0))], self.absent)
         off = brick_offsets(ijk)
         return [v[row, off] for v in self.vals], row < self.absent
+
+
+def _corner_offsets(device) -> torch.Tensor:
+    """int64 ``[8, 3]``: the corners ``(c >> 2 & 1, c >> 1 & 1, c & 1)`` of a cell, ``c = 0..7``."""
+    c = torch.arange(8, device=device)
+    return torch.stack(((c >> 2) & 1, (c >> 1) & 1, c & 1), dim=1)
 
 
 def coarse_sign_observed(tsdf, occ, free, bricks: torch.Tensor, ratio: float, rows: int = CPU_BRICKS):
@@ -504,15 +584,17 @@ def coarse_sign_observed(tsdf, occ, free, bricks: torch.Tensor, ratio: float, ro
             base = torch.floor(x)
             f = x - base
             base = base.to(torch.int64)
-            num = torch.zeros(vox.shape[0], dtype=torch.float64, device=dev)
-            den = torch.zeros_like(num)
-            for c in range(8):
-                d = torch.tensor([(c >> 2) & 1, (c >> 1) & 1, c & 1], device=dev)
-                wgt = torch.where(d == 1, f, 1.0 - f).prod(dim=1)
-                (t, w), present = block.lookup(base + d)
-                use = (wgt > 0) & present & (w > 0)
-                num = num + torch.where(use, wgt * t.to(torch.float64), torch.zeros_like(num))
-                den = den + torch.where(use, wgt, torch.zeros_like(den))
+            # the 8 corners in one lookup ([V, 8]); sums accumulated corner by corner (fixed order)
+            d = _corner_offsets(dev)
+            wgt = torch.where(d[None] == 1, f[:, None, :], 1.0 - f[:, None, :]).prod(dim=2)  # [V, 8]
+            (t, w), present = block.lookup((base[:, None, :] + d[None]).reshape(-1, 3))
+            use = (wgt > 0) & (present & (w > 0)).view(-1, 8)
+            terms = torch.where(use, wgt * t.to(torch.float64).view(-1, 8), 0.0)
+            wsum = torch.where(use, wgt, 0.0)
+            num, den = terms[:, 0] + 0.0, wsum[:, 0] + 0.0
+            for c in range(1, 8):
+                num = num + terms[:, c]
+                den = den + wsum[:, c]
             obs = den > 0
             inside = obs & (num <= 0)
         if occ is not None:
@@ -697,11 +779,7 @@ def squared_distances(
                 if base is None:
                     sets[name] = None
                 else:
-                    g = (
-                        _unique_bricks(_dilate_axis(base, rb, "ijk".index(name[-1])))
-                        if base.shape[0]
-                        else base
-                    )
+                    g = _grow_axis(base, rb, "ijk".index(name[-1])) if base.shape[0] else base
                     g = g[_member(voxel_keys(g), keys)]
                     sets[name] = None if g.shape[0] == nb else g
         return sets[name]
@@ -744,7 +822,7 @@ def squared_distances(
 
     def window_job(arr):
         def job(idx, start, length):
-            arr[idx] = lower_envelope(arr[idx], start, length)
+            arr[idx] = distance_pass(arr[idx], start, length, margin)
 
         job.chunked = False
         return job
@@ -940,7 +1018,18 @@ class EsdfIntegrator:
             raise InvalidArgumentType(f"dirty: expected integer brick coordinates, got {t.dtype}")
         return t.to(device=self.device, dtype=torch.int64)
 
-    def _sites(self, tsdf, occ, region, near=None):
+    def _fine_bricks(self, la: BrickLayer, near, cache: dict | None) -> torch.Tensor:
+        """Sorted unique bricks of a source layer whose home ESDF brick is in ``near`` (None: all); kept in
+        ``cache`` for the other readers of the same update (sites and observed candidates)."""
+        if cache is not None and id(la) in cache:
+            return cache[id(la)]
+        b = la.brick_table()[0]
+        b = _unique_bricks(b if near is None else b[self._fine_near(b, near)])
+        if cache is not None:
+            cache[id(la)] = b
+        return b
+
+    def _sites(self, tsdf, occ, region, near=None, cache: dict | None = None):
         """Site voxels (ESDF lattice) and their crossings ``[S, 9]`` in ``region`` (None: all)."""
         src = tsdf if tsdf is not None else occ
         if src is None:
@@ -954,9 +1043,10 @@ class EsdfIntegrator:
             else:
                 vox, t = occupancy_sites(occ, src_bricks)
             return vox, edge_sites(t)
-        fine = _unique_bricks(src.brick_table()[0])
-        if region is not None:  # fine bricks within 2 ESDF bricks of the region: every source of its sites
-            fine = fine[self._fine_near(fine, self._near_keys(region) if near is None else near)]
+        # fine bricks within 2 ESDF bricks of the region (all without one): every source of its sites
+        if region is not None and near is None:
+            near = self._near_keys(region)
+        fine = self._fine_bricks(src, near, cache)
         if tsdf is not None:
             vox, t = coarse_tsdf_sites(tsdf, fine, self.ratio)
         else:
@@ -979,17 +1069,19 @@ class EsdfIntegrator:
             return None
         return voxel_keys(_dilate_bricks(region, 2))
 
-    def _observed_candidates(self, tsdf, occ, free, region, near=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _observed_candidates(
+        self, tsdf, occ, free, region, near=None, cache: dict | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """ESDF bricks that may hold an observed voxel (sorted unique), in ``region`` (None: all), and
         which of them the source layers can reach (the others are known through the free record only)."""
         parts = []
         for la in (tsdf, occ):
             if la is None or la.grid.num_leaves == 0:
                 continue
-            b = la.brick_table()[0]
-            if not self.same_lattice:  # only the fine bricks near the region (not the whole map's)
-                b = _unique_bricks(b if near is None else b[self._fine_near(b, near)])
-                b = fine_to_coarse_bricks(b, self.ratio, 1)
+            if self.same_lattice:
+                b = la.brick_table()[0]
+            else:  # only the fine bricks near the region (not the whole map's)
+                b = fine_to_coarse_bricks(self._fine_bricks(la, near, cache), self.ratio, 1)
             parts.append(b)
         src = (
             _unique_bricks(torch.cat(parts))
@@ -1030,32 +1122,34 @@ class EsdfIntegrator:
         (site bricks + Rb) and (observed bricks + Rb), which holds every intermediate value of the
         separable transform for a stored voxel and every site within ``M`` of it (exact values)."""
         near = self._near_keys(region)
-        site_vox, site_t = self._sites(tsdf, occ, region, near)
+        cache: dict = {}  # the source layers' bricks near the region, read once
+        site_vox, site_t = self._sites(tsdf, occ, region, near, cache)
         site_bricks = _unique_bricks(site_vox >> 2)
-        cand, near_src = self._observed_candidates(tsdf, occ, free, region, near)
+        cand, near_src = self._observed_candidates(tsdf, occ, free, region, near, cache)
         inside, observed = self._sign_observed(tsdf, occ, free, cand, near_src)
         seen = observed.any(dim=1)
         obs_bricks = cand[seen]
         inside, observed = inside[seen], observed[seen]
         domain = _dilate_bricks(site_bricks, self.brick_radius)
-        domain = domain[
-            _member(voxel_keys(domain), voxel_keys(_dilate_bricks(obs_bricks, self.brick_radius)))
-        ]
+        dk = voxel_keys(domain)  # keys of each set computed once (sorted: the sets are)
+        in_dom = _member(dk, voxel_keys(_dilate_bricks(obs_bricks, self.brick_radius)))
         if region is not None:
-            domain = domain[_member(voxel_keys(domain), voxel_keys(region))]
-        keep = _member(voxel_keys(obs_bricks), voxel_keys(domain))
+            in_dom &= _member(dk, voxel_keys(region))
+        domain, dk = domain[in_dom], dk[in_dom]
+        ok = voxel_keys(obs_bricks)
+        keep = _member(ok, dk)
         if out_region is not None:
-            keep &= _member(voxel_keys(obs_bricks), voxel_keys(out_region))
+            keep &= _member(ok, voxel_keys(out_region))
         write, inside, observed = obs_bricks[keep], inside[keep], observed[keep]
         freed = self._free_outside(write, out_region)
         n_write = write.shape[0]
         if n_write:
-            in_dom = _member(voxel_keys(site_vox >> 2), voxel_keys(domain))
+            in_dom = _member(voxel_keys(site_vox >> 2), dk)
             axes = (2, 1, 0) if tsdf is not None else (2,)
             d2 = squared_distances(
                 domain, site_vox[in_dom], site_t[in_dom], self.margin, axes, self.cpu_rows, write
             )
-            d2 = d2[_member(voxel_keys(domain), voxel_keys(write))]
+            d2 = d2[_member(dk, ok[keep])]
             dist = torch.clamp(torch.sqrt(d2) * self.voxel_size_m, max=self.max_distance_m)
             slots = self.layer.allocate(write)
             self.layer.pool.scatter("esdf", slots, torch.where(inside, -dist, dist))

@@ -34,6 +34,12 @@ two implementations differ: the kernel walks a pointer, the reference searches t
   path.
 * :func:`mapper.kernels.triton_envelope.lower_envelope_triton` - one Triton program per 32 lines.
 * :func:`lower_envelope` - dispatch (``mapper.kernels.dispatch.use_triton``).
+* :func:`window_min_torch` - the same minimum over the slots within ``window`` of ``p`` only (min-plus
+  rounds, ``O(length * window)``, a few large vectorised ops per round: on the CPU cheaper than the
+  envelope's host loop while the window is short).
+* :func:`distance_pass` - what the ESDF calls: exact below ``(window + 1)^2`` (both forms agree there
+  bit for bit, and both are ``>= (window + 1)^2`` elsewhere, ``f >= 0``); the Triton envelope where
+  Triton runs, else the cheaper torch form by the expected work.
 """
 
 from __future__ import annotations
@@ -46,6 +52,10 @@ from ..errors import InvalidArgument, InvalidArgumentType
 from .dispatch import use_triton
 
 BATCH_SLOTS = 1 << 18  # slots per batch of lines in the torch reference (its temporaries: ~100 B a slot)
+# The torch envelope costs about as much per slot as this many min-plus pairs (p, p + d) per slot (measured
+# on the CPU, benchmarks/results/esdf_cpu.md: equal at 41 rounds over long lines, the min-plus form 2x
+# cheaper at 27 pairs a slot): :func:`distance_pass` takes the rounds while they need fewer.
+MINPLUS_PAIRS_PER_SLOT = 32
 
 
 def _check(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor):
@@ -167,3 +177,79 @@ def _envelope_lines(f, out, start, length) -> None:
     d = ar[None, :] - sv.gather(1, k)
     res = torch.where(top[:, None] >= 0, sf.gather(1, k) + (d * d).to(torch.float32), math.inf)
     out[pos[valid]] = res[valid]
+
+
+def window_min_torch(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor, window: int) -> torch.Tensor:
+    """``g[p] = min over slots q of p's line with |p - q| <= window of fl(f[q] + (p - q)^2)`` (pure torch).
+
+    Same arguments and result layout as :func:`lower_envelope` (``inf`` outside the lines), plus
+    ``window >= 0``. Each candidate is the same float32 sum as the envelope's, so where the nearest-in-value
+    candidate lies within the window the two are equal bit for bit; with ``f >= 0`` that holds wherever
+    either result is below ``(window + 1)^2``. Work: ``min(window, longest line - 1)`` rounds of a few
+    vectorised ops over the slots (no host loop over lines or slots).
+    """
+    _check(f, start, length)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise InvalidArgument(f"window: expected an int >= 0, got {window!r}")
+    out = torch.full_like(f, math.inf)
+    if start.numel() == 0 or f.numel() == 0:
+        return out
+    dev = f.device
+    # lines by decreasing length in a compact array: round d touches only the prefix of lines longer than d
+    order = torch.argsort(length.to(torch.int64), descending=True, stable=True)
+    length = length.to(torch.int64)[order]
+    start = start.to(torch.int64)[order]
+    total = int(length.sum())
+    if total == 0:
+        return out
+    first = torch.cumsum(length, 0) - length  # each line's first index in the compact array
+    ar = torch.arange(total, device=dev)
+    pos = ar - torch.repeat_interleave(first, length, output_size=total)  # index within the line
+    idx = torch.repeat_interleave(start, length, output_size=total) + pos
+    rem = torch.repeat_interleave(length, length, output_size=total) - 1 - pos  # slots after it
+    pos, rem = pos.to(torch.int32), rem.to(torch.int32)
+    del ar  # int64 temporaries: keep the pass's working memory near its float32 / int32 arrays
+    rounds = min(window, int(length[0]) - 1)
+    # prefix[d]: slots of the lines longer than d (lengths decrease)
+    ends = torch.cumsum(length, 0)
+    longer = torch.searchsorted(-length, -torch.arange(1, rounds + 2, device=dev), side="left")
+    prefix = torch.where(longer > 0, ends[(longer - 1).clamp(min=0)], 0).tolist()
+    c = f[idx]
+    g = c.clone()
+    tmp = torch.empty_like(c)
+    for d in range(1, rounds + 1):
+        sq = float(d * d)  # exact in float32 for d <= 4096
+        m = prefix[d - 1] - d  # lines longer than d: slots [0, prefix); pairs (p, p + d) inside it
+        if m <= 0:
+            break
+        t = torch.add(c[d : d + m], sq, out=tmp[:m])  # q = p + d
+        t.masked_fill_(rem[:m] < d, math.inf)
+        torch.minimum(g[:m], t, out=g[:m])
+        t = torch.add(c[:m], sq, out=tmp[:m])  # q = p - d
+        t.masked_fill_(pos[d : d + m] < d, math.inf)
+        torch.minimum(g[d : d + m], t, out=g[d : d + m])
+    out[idx] = g
+    return out
+
+
+def distance_pass(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor, window: int) -> torch.Tensor:
+    """The ESDF's 1-D pass: :func:`lower_envelope` where values below ``(window + 1)^2`` must be exact
+    (``f >= 0``; larger results may be any value ``>= (window + 1)^2``).
+
+    Triton envelope where Triton runs (no host sync); otherwise :func:`window_min_torch` or
+    :func:`lower_envelope_torch`, whichever is expected to cost less: on the CPU the envelope's host loop
+    (one step per slot of the longest line) only wins for long windows over long lines.
+
+    The expected work decides: the min-plus rounds cost one step per pair of slots ``(p, p + d)`` of a line
+    with ``d <= window``; the envelope about ``MINPLUS_PAIRS_PER_SLOT`` of them per slot."""
+    _check(f, start, length)
+    if use_triton(f.device):
+        from .triton_envelope import lower_envelope_triton
+
+        return lower_envelope_triton(f, start, length)
+    n = length.to(torch.int64)
+    r = torch.clamp(torch.clamp(n - 1, min=0), max=max(int(window), 0))  # rounds each line needs
+    pairs = int((r * n - r * (r + 1) // 2).sum())
+    if pairs <= MINPLUS_PAIRS_PER_SLOT * int(n.sum()):
+        return window_min_torch(f, start, length, window)
+    return lower_envelope_torch(f, start, length)
