@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from .keys import TILE_AXIS_BITS, TILE_BIAS, VOXEL_LIMIT
-from .triton_ops import _leaf_in_tile, _n_iter
-from .triton_paged import n_iter, page_base, page_of
+from .triton_ops import _leaf_in_tile, _n_iter_frame
+from .triton_paged import n_iter_frame, page_base, page_of
 
 
 @triton.jit
@@ -53,7 +53,7 @@ def _lookup(i, j, k, valid, tkeys, tmask, tstart, n_tiles, slots_ptr, pstarts, n
     return has, page, local
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "nt0", "np0", "nt1", "np1", "nt2", "np2"])  # sizes: no recompiles
 def _distance_kernel(
     p_ptr, n, prm_ptr,
     tk0, tm0, ts0, nt0, sl0, ps0, np0, fa0, fb0,
@@ -150,7 +150,7 @@ def _layer_args(layer, names):
     n_pages = len(pool.page_starts) - 1
     args = [t.keys, t.masks, t.starts, t.keys.numel(), layer.slots, pool.page_start_table(), n_pages]
     args += [pool.page_table(nm) for nm in names]
-    return args, _n_iter(t.keys.numel()), n_iter(n_pages)
+    return args, _n_iter_frame(t.keys.numel()), n_iter_frame(n_pages)  # one bucket: no compile as maps grow
 
 
 def usable(layer) -> bool:
