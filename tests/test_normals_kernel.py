@@ -131,3 +131,48 @@ def test_cell_moments_are_the_per_cell_sums(device):
     torch.testing.assert_close(c[:, 1:4], sx[inv_ref])
     assert not mom[uniq.shape[0] :].any()
     assert math.isclose(float(c[:, 4].sum()), float((x[:, 0] ** 2 * torch.bincount(inv_ref)[inv_ref]).sum()))
+
+
+def test_triton_cell_keys_and_combine_match_torch_reference(device, backend):
+    if backend != "triton":
+        pytest.skip("compares the kernels with the references")
+    from mapper.kernels.triton_normals import cell_keys_triton, combine_normals_triton
+
+    pts = scene_points(4).to(device)
+    pts = torch.cat((pts, -pts[:50], torch.tensor([[0.0, 0.0, 0.0]], dtype=torch.float64, device=device)))
+    inv_cell = torch.tensor([1 / 0.4, 1 / 0.8, 1 / 1.6], dtype=torch.float64, device=device)
+    ref = N.cell_keys_torch(pts, inv_cell)
+    got = cell_keys_triton(pts, inv_cell)
+    assert got.shape == (3, pts.shape[0]) and torch.equal(got, ref)
+    for k, edge in enumerate((0.4, 0.8, 1.6)):  # -1 exactly where a cell coordinate leaves [LO, HI)
+        c = torch.floor(pts / edge + N.CELL_OFFSET)
+        out = ((c < -(1 << 18) + 2) | (c >= (1 << 18) - 2)).any(1)
+        assert torch.equal(ref[k] == -1, out)
+    assert int((ref == -1).sum()) == 4  # the far returns at 0.4 and 0.8 m (1.6 m cells reach 3e5 m)
+    # keys decode to floor(p / edge + offset) (independent of the packing)
+    m = (1 << N.KEY_BITS) - 1
+    k0 = ref[0][ref[0] >= 0]
+    dec = torch.stack(((k0 >> (2 * N.KEY_BITS)) & m, (k0 >> N.KEY_BITS) & m, k0 & m), 1) - (1 << 20)
+    assert torch.equal(dec, torch.floor(pts[ref[0] >= 0] / 0.4 + N.CELL_OFFSET).long())
+    # combine: random per-cell normals (a third of the cells none), random cell indices
+    g = torch.Generator().manual_seed(5)
+    n = pts.shape[0]
+    tables = torch.randn((3, n, 3), generator=g, dtype=torch.float64)
+    tables *= (torch.rand((3, n, 1), generator=g) > 0.33).double()
+    inv = torch.randint(0, n, (3, n), generator=g)
+    x = torch.randn((n, 3), generator=g, dtype=torch.float64)
+    edges = torch.tensor([0.4, 0.8, 1.6], dtype=torch.float64)
+    args = [t.to(device) for t in (x, tables, inv, edges)]
+    r_n, r_s = N.combine_normals_torch(*args)
+    g_n, g_s = combine_normals_triton(*args)
+    assert torch.equal(g_n, r_n) and torch.equal(g_s, r_s)
+    # by hand: first planar scale, oriented against x, support = the largest planar edge
+    t0, t1, t2 = (tables[k][inv[k]] for k in range(3))
+    p0, p1, p2 = ((t != 0).any(1) for t in (t0, t1, t2))
+    want = torch.where(p0[:, None], t0, torch.where(p1[:, None], t1, t2))
+    want = torch.where(((want * x).sum(1) > 0)[:, None], -want, want)
+    torch.testing.assert_close(r_n.cpu(), want, rtol=0, atol=0)
+    want_s = torch.zeros(n, dtype=torch.float64)
+    for planar, edge in ((p0, 0.4), (p1, 0.8), (p2, 1.6)):  # the largest planar edge wins
+        want_s[planar] = edge
+    assert torch.equal(r_s.cpu(), want_s)

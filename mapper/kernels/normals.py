@@ -20,6 +20,7 @@ needs no host sync; the torch reference reads the number of distinct cells back 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -84,21 +85,90 @@ def scan_normals(
     """
     n = points_w.shape[0]
     dev = points_w.device
-    out = torch.zeros((n, 3), dtype=torch.float64, device=dev)
-    support = torch.zeros(n, dtype=torch.float64, device=dev)
     if n == 0:
-        return out, support
+        return torch.zeros((0, 3), dtype=torch.float64, device=dev), torch.zeros(
+            0, dtype=torch.float64, device=dev
+        )
     o = origin.to(torch.float64)
     x = points_w.to(torch.float64) - o  # sensor-relative: small values, exact enough in float64
+    edges = [cell_m * k for k in scales]
+    inv_cell, edges_t = _edge_tensors(tuple(edges), dev)
+    keys = cell_keys(points_w, inv_cell)
     vals = moment_rows(x)
-    for k in scales:
-        nrm = _normals_at(points_w, x, cell_m * k, vals)
+    tables, invs = [], []
+    for k in range(len(edges)):
+        sorted_keys, rank, inv, mom = cell_moments(points_w, x, edges[k], vals, keys[k])
+        tables.append(cell_plane_normals(sorted_keys, rank, mom))
+        invs.append(inv)
+    return combine_normals(x, torch.stack(tables), torch.stack(invs), edges_t)
+
+
+@functools.lru_cache(maxsize=64)
+def _edge_tensors(edges: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 ``[S]`` reciprocal cell edges and cell edges on ``device``, uploaded once per configuration (a
+    host-to-device copy of a pageable tensor waits for the device: a sync per frame otherwise)."""
+    e = torch.tensor(edges, dtype=torch.float64)
+    return (1.0 / e).to(device), e.to(device)
+
+
+def cell_keys_torch(points_w: torch.Tensor, inv_cell: torch.Tensor) -> torch.Tensor:
+    """int64 ``[S, N]``: the packed key of each return's cell at each of ``S`` cell edges (``-1``: outside
+    the key range). Cells are ``floor(p * inv_cell + CELL_OFFSET)``, offset by an irrational fraction so that
+    synthetic surfaces at round coordinates do not sit on cell boundaries (where rounding noise in a pose
+    would move returns between cells).
+
+    Args:
+        points_w: float ``[N, 3]`` world returns; inv_cell: float64 ``[S]`` reciprocal cell edges (1/m).
+    """
+    p = points_w.to(torch.float64)
+    out = torch.empty((inv_cell.shape[0], p.shape[0]), dtype=torch.int64, device=p.device)
+    for k in range(inv_cell.shape[0]):
+        out[k] = brick_keys(torch.floor(p * inv_cell[k] + CELL_OFFSET).to(torch.int64))
+    return out
+
+
+def cell_keys(points_w: torch.Tensor, inv_cell: torch.Tensor) -> torch.Tensor:
+    """:func:`cell_keys_torch` or its Triton kernel (one launch for every scale), as dispatch decides."""
+    if use_triton(points_w.device):
+        from .triton_normals import cell_keys_triton
+
+        return cell_keys_triton(points_w, inv_cell)
+    return cell_keys_torch(points_w, inv_cell)
+
+
+def combine_normals_torch(
+    x: torch.Tensor, cell_normals: torch.Tensor, inv: torch.Tensor, edges: torch.Tensor
+):
+    """Per return, the normal of the first scale whose neighbourhood is planar, oriented towards the sensor,
+    and the largest planar cell edge.
+
+    Args:
+        x: float64 ``[N, 3]`` returns relative to the sensor; cell_normals: float64 ``[S, N, 3]`` per scale
+            and cell index (:func:`cell_plane_normals`); inv: int64 ``[S, N]`` each return's cell index per
+            scale; edges: float64 ``[S]`` the scales' cell edges (m).
+    Returns:
+        normals float64 ``[N, 3]`` (zero: none), support float64 ``[N]`` (as :func:`scan_normals`).
+    """
+    n = x.shape[0]
+    out = torch.zeros((n, 3), dtype=torch.float64, device=x.device)
+    support = torch.zeros(n, dtype=torch.float64, device=x.device)
+    for k in range(cell_normals.shape[0]):
+        nrm = cell_normals[k].index_select(0, inv[k])
         planar = (nrm != 0).any(dim=1)
         out = torch.where((out != 0).any(dim=1, keepdim=True), out, nrm)
-        support = torch.where(planar, torch.clamp(support, min=cell_m * k), support)
+        support = torch.where(planar, torch.maximum(support, edges[k]), support)
     # towards the sensor: n . (origin - p) = -n . x >= 0
     flip = (out * x).sum(dim=1) > 0
     return torch.where(flip[:, None], -out, out), support
+
+
+def combine_normals(x: torch.Tensor, cell_normals: torch.Tensor, inv: torch.Tensor, edges: torch.Tensor):
+    """:func:`combine_normals_torch` or its Triton kernel (one launch), as dispatch decides."""
+    if use_triton(x.device):
+        from .triton_normals import combine_normals_triton
+
+        return combine_normals_triton(x, cell_normals, inv, edges)
+    return combine_normals_torch(x, cell_normals, inv, edges)
 
 
 def moment_rows(x: torch.Tensor) -> torch.Tensor:
@@ -112,13 +182,20 @@ def moment_rows(x: torch.Tensor) -> torch.Tensor:
     return vals
 
 
-def cell_moments(points_w: torch.Tensor, x: torch.Tensor, cell_m: float, vals: torch.Tensor | None = None):
+def cell_moments(
+    points_w: torch.Tensor,
+    x: torch.Tensor,
+    cell_m: float,
+    vals: torch.Tensor | None = None,
+    keys: torch.Tensor | None = None,
+):
     """The scan's cells of edge ``cell_m`` and their moments, without a host sync.
 
     Args:
         points_w: float ``[N, 3]`` world returns (they pick the cells); x: float64 ``[N, 3]`` the returns
             relative to the sensor (the moments' coordinates); vals: :func:`moment_rows` of ``x`` if
-            already computed (the scales share them).
+            already computed (the scales share them); keys: int64 ``[N]`` the returns' cell keys at edge
+            ``cell_m`` if already computed (:func:`cell_keys`).
     Returns:
         sorted_keys: int64 ``[N]`` the returns' cell keys, sorted (``-1``: outside the key range, first);
         rank: int64 ``[N]`` the cell index of each sorted position (distinct keys numbered from 0);
@@ -128,10 +205,8 @@ def cell_moments(points_w: torch.Tensor, x: torch.Tensor, cell_m: float, vals: t
     """
     n = x.shape[0]
     dev = x.device
-    # cells offset by an irrational fraction: synthetic surfaces at round coordinates do not sit on cell
-    # boundaries, where rounding noise in the pose would move returns between cells
-    cells = torch.floor(points_w.to(torch.float64) / cell_m + CELL_OFFSET).to(torch.int64)
-    keys = brick_keys(cells)  # -1 outside the key range: those returns get no normal
+    if keys is None:  # -1 outside the key range: those returns get no normal
+        keys = cell_keys(points_w, torch.tensor([1.0 / cell_m], dtype=torch.float64).to(dev))[0]
     sorted_keys, order = torch.sort(keys)
     new = torch.ones(n, dtype=torch.int64, device=dev)
     new[1:] = sorted_keys[1:] != sorted_keys[:-1]
@@ -208,9 +283,3 @@ def cell_plane_normals(sorted_keys: torch.Tensor, rank: torch.Tensor, mom: torch
 
         return cell_plane_normals_triton(sorted_keys, rank, mom)
     return cell_plane_normals_torch(sorted_keys, rank, mom)
-
-
-def _normals_at(points_w, x, cell_m: float, vals=None) -> torch.Tensor:
-    """Unoriented normals from the 3 x 3 x 3 cells of edge ``cell_m`` (zero rows: not planar)."""
-    sorted_keys, rank, inv, mom = cell_moments(points_w, x, cell_m, vals)
-    return cell_plane_normals(sorted_keys, rank, mom).index_select(0, inv)

@@ -16,12 +16,14 @@ the reference's trigonometric form gives the same values to rounding.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from .normals import MIN_POINTS, PLANE_RATIO, SPREAD_RATIO
-from .segments import KEY_BITS
+from .normals import CELL_OFFSET, MIN_POINTS, PLANE_RATIO, SPREAD_RATIO
+from .segments import BRICK_HI, BRICK_LO, KEY_BIAS, KEY_BITS
 
 SEARCH_STEPS = 20  # binary-search steps: one variant for scans of < 2^20 returns (32 beyond)
 NEWTON_STEPS = 40  # from -2: quadratic convergence in ~6 steps; a (non-planar) double root at -1 needs more
@@ -29,8 +31,8 @@ NEWTON_STEPS = 40  # from -2: quadratic convergence in ~6 steps; a (non-planar) 
 
 @triton.jit(do_not_specialize=["n"])
 def _cell_normals_kernel(
-    keys_ptr, rank_ptr, mom_ptr, out_ptr, n,
-    KB: tl.constexpr, MIN_PTS: tl.constexpr, PLANE: tl.constexpr, SPREAD: tl.constexpr,
+    keys_ptr, rank_ptr, mom_ptr, prm_ptr, out_ptr, n,
+    KB: tl.constexpr, MIN_PTS: tl.constexpr,
     STEPS: tl.constexpr, NEWTON: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -128,12 +130,20 @@ def _cell_normals_kernel(
     vz = tl.where(use_a, az, tl.where(use_b, bz, cz))
     nv = tl.where(use_a, na, tl.where(use_b, nb, nc))
     nv = tl.where(nv > 0, nv, 1.0)
-    ok = (c0 >= MIN_PTS) & (l0 <= PLANE * l1) & (l1 >= SPREAD * l2) & (l2 > 0)
+    plane = tl.load(prm_ptr)  # float64 ratios from memory: a float constexpr would be rounded to float32
+    spread = tl.load(prm_ptr + 1)
+    ok = (c0 >= MIN_PTS) & (l0 <= plane * l1) & (l1 >= spread * l2) & (l2 > 0)
     w = tl.where(ok, 1.0 / nv, 0.0)
     dst = tl.load(rank_ptr + i, mask=act, other=0) * 3
     tl.store(out_ptr + dst, vx * w, mask=act)
     tl.store(out_ptr + dst + 1, vy * w, mask=act)
     tl.store(out_ptr + dst + 2, vz * w, mask=act)
+
+
+@functools.cache
+def _params(device: torch.device) -> torch.Tensor:
+    """float64 [PLANE_RATIO, SPREAD_RATIO, CELL_OFFSET] on ``device`` (uploaded once)."""
+    return torch.tensor([PLANE_RATIO, SPREAD_RATIO, CELL_OFFSET], dtype=torch.float64).to(device)
 
 
 def cell_plane_normals_triton(
@@ -147,8 +157,98 @@ def cell_plane_normals_triton(
         return out
     block = 128 if sorted_keys.is_cuda else 1024  # the interpreter's cost is per block
     _cell_normals_kernel[(triton.cdiv(n, block),)](
-        sorted_keys.contiguous(), rank.contiguous(), mom.contiguous(), out, n,
-        KB=KEY_BITS, MIN_PTS=MIN_POINTS, PLANE=PLANE_RATIO, SPREAD=SPREAD_RATIO,
+        sorted_keys.contiguous(), rank.contiguous(), mom.contiguous(), _params(sorted_keys.device), out, n,
+        KB=KEY_BITS, MIN_PTS=MIN_POINTS,
         STEPS=SEARCH_STEPS if n < (1 << SEARCH_STEPS) else 32, NEWTON=NEWTON_STEPS, BLOCK=block,
     )  # fmt: skip
     return out
+
+
+@triton.jit(do_not_specialize=["n"])
+def _cell_keys_kernel(
+    p_ptr, inv_ptr, prm_ptr, keys_ptr, n,
+    S: tl.constexpr, KB: tl.constexpr, BIAS: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    x = tl.load(p_ptr + i * 3, mask=m, other=0.0)
+    y = tl.load(p_ptr + i * 3 + 1, mask=m, other=0.0)
+    z = tl.load(p_ptr + i * 3 + 2, mask=m, other=0.0)
+    off = tl.load(prm_ptr + 2)
+    for k in tl.static_range(S):
+        inv = tl.load(inv_ptr + k)
+        cx = tl.floor(x * inv + off).to(tl.int64)  # launched without fp fusion: mul, then add, as torch
+        cy = tl.floor(y * inv + off).to(tl.int64)
+        cz = tl.floor(z * inv + off).to(tl.int64)
+        ok = (cx >= LO) & (cx < HI) & (cy >= LO) & (cy < HI) & (cz >= LO) & (cz < HI)
+        key = ((cx + BIAS) << (2 * KB)) | ((cy + BIAS) << KB) | (cz + BIAS)
+        tl.store(keys_ptr + k * n + i, tl.where(ok, key, -1), mask=m)
+
+
+def cell_keys_triton(points_w: torch.Tensor, inv_cell: torch.Tensor) -> torch.Tensor:
+    """Triton version of :func:`mapper.kernels.normals.cell_keys_torch` (same arguments and result; one
+    launch for all scales)."""
+    n, s = points_w.shape[0], inv_cell.shape[0]
+    out = torch.empty((s, n), dtype=torch.int64, device=points_w.device)
+    if n == 0 or s == 0:
+        return out
+    block = 256 if points_w.is_cuda else 1024
+    _cell_keys_kernel[(triton.cdiv(n, block),)](
+        points_w.to(torch.float64).contiguous(), inv_cell.to(torch.float64).contiguous(),
+        _params(points_w.device), out, n,
+        S=s, KB=KEY_BITS, BIAS=KEY_BIAS, LO=BRICK_LO, HI=BRICK_HI, BLOCK=block, enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit(do_not_specialize=["n"])
+def _combine_kernel(
+    x_ptr, nrm_ptr, inv_ptr, edge_ptr, out_ptr, sup_ptr, n, S: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    ox = tl.zeros([BLOCK], dtype=tl.float64)
+    oy = ox
+    oz = ox
+    sup = ox
+    have = i < 0
+    for k in tl.static_range(S):
+        c = tl.load(inv_ptr + k * n + i, mask=m, other=0)
+        base = nrm_ptr + (k * n + c) * 3
+        nx = tl.load(base, mask=m, other=0.0)
+        ny = tl.load(base + 1, mask=m, other=0.0)
+        nz = tl.load(base + 2, mask=m, other=0.0)
+        planar = (nx != 0) | (ny != 0) | (nz != 0)
+        take = planar & ~have
+        ox = tl.where(take, nx, ox)
+        oy = tl.where(take, ny, oy)
+        oz = tl.where(take, nz, oz)
+        have = have | planar
+        sup = tl.where(planar, tl.maximum(sup, tl.load(edge_ptr + k)), sup)
+    x = tl.load(x_ptr + i * 3, mask=m, other=0.0)
+    y = tl.load(x_ptr + i * 3 + 1, mask=m, other=0.0)
+    z = tl.load(x_ptr + i * 3 + 2, mask=m, other=0.0)
+    sgn = tl.where(ox * x + oy * y + oz * z > 0, -1.0, 1.0)
+    tl.store(out_ptr + i * 3, ox * sgn, mask=m)
+    tl.store(out_ptr + i * 3 + 1, oy * sgn, mask=m)
+    tl.store(out_ptr + i * 3 + 2, oz * sgn, mask=m)
+    tl.store(sup_ptr + i, sup, mask=m)
+
+
+def combine_normals_triton(
+    x: torch.Tensor, cell_normals: torch.Tensor, inv: torch.Tensor, edges: torch.Tensor
+):
+    """Triton version of :func:`mapper.kernels.normals.combine_normals_torch` (same arguments and result;
+    one launch)."""
+    n, s = x.shape[0], cell_normals.shape[0]
+    out = torch.empty((n, 3), dtype=torch.float64, device=x.device)
+    sup = torch.empty(n, dtype=torch.float64, device=x.device)
+    if n == 0:
+        return out, sup
+    block = 256 if x.is_cuda else 1024
+    _combine_kernel[(triton.cdiv(n, block),)](
+        x.to(torch.float64).contiguous(), cell_normals.contiguous(), inv.contiguous(),
+        edges.to(torch.float64).contiguous(), out, sup, n, S=s, BLOCK=block, enable_fp_fusion=False,
+    )  # fmt: skip
+    return out, sup
