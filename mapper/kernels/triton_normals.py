@@ -1,7 +1,8 @@
 """The LiDAR normal fit's per-cell step as one Triton kernel (imported lazily: triton is optional).
 
 Same contract as :func:`mapper.kernels.normals.cell_plane_normals_torch` (the reference): one lane per
-position of the sorted cell keys; the first position of each distinct valid cell sums the moments of the
+cell (at the cell's first position in the sorted keys, found by a ``scatter_reduce``, so the lanes of a warp
+are all busy; lanes past the last cell idle); each distinct valid cell sums the moments of the
 27 cells around it (a binary search of each neighbour key in the sorted keys, a fixed number of steps, sizes
 unspecialised: scans of any size below 2^20 returns share one compiled variant), forms the covariance,
 finds its smallest eigenvalue and eigenvector in closed form and writes the normal (zero where the
@@ -31,11 +32,13 @@ NEWTON_STEPS = 40  # from -2: quadratic convergence in ~6 steps; a (non-planar) 
 
 @triton.jit(do_not_specialize=["n"])
 def _cell_normals_kernel(
-    keys_ptr, rank_ptr, mom_ptr, prm_ptr, out_ptr, n,
+    keys_ptr, rank_ptr, first_ptr, mom_ptr, prm_ptr, out_ptr, n,
     KB: tl.constexpr, MIN_PTS: tl.constexpr,
     STEPS: tl.constexpr, NEWTON: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    # lane j = cell j: its first sorted position (n past the last cell), so a warp's lanes are all busy
+    j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    i = tl.load(first_ptr + j, mask=j < n, other=n)
     m = i < n
     key = tl.load(keys_ptr + i, mask=m, other=-1)
     prev = tl.load(keys_ptr + i - 1, mask=m & (i > 0), other=-2)
@@ -134,7 +137,7 @@ def _cell_normals_kernel(
     spread = tl.load(prm_ptr + 1)
     ok = (c0 >= MIN_PTS) & (l0 <= plane * l1) & (l1 >= spread * l2) & (l2 > 0)
     w = tl.where(ok, 1.0 / nv, 0.0)
-    dst = tl.load(rank_ptr + i, mask=act, other=0) * 3
+    dst = j * 3
     tl.store(out_ptr + dst, vx * w, mask=act)
     tl.store(out_ptr + dst + 1, vy * w, mask=act)
     tl.store(out_ptr + dst + 2, vz * w, mask=act)
@@ -155,9 +158,13 @@ def cell_plane_normals_triton(
     out = torch.zeros((n, 3), dtype=torch.float64, device=sorted_keys.device)
     if n == 0:
         return out
+    dev = sorted_keys.device
+    # the first sorted position of each cell (n for the rows past the last cell): no count read back
+    pos = torch.arange(n, dtype=torch.int64, device=dev)
+    first = torch.full((n,), n, dtype=torch.int64, device=dev).scatter_reduce_(0, rank, pos, reduce="amin")
     block = 128 if sorted_keys.is_cuda else 1024  # the interpreter's cost is per block
     _cell_normals_kernel[(triton.cdiv(n, block),)](
-        sorted_keys.contiguous(), rank.contiguous(), mom.contiguous(), _params(sorted_keys.device), out, n,
+        sorted_keys.contiguous(), rank.contiguous(), first, mom.contiguous(), _params(dev), out, n,
         KB=KEY_BITS, MIN_PTS=MIN_POINTS,
         STEPS=SEARCH_STEPS if n < (1 << SEARCH_STEPS) else 32, NEWTON=NEWTON_STEPS, BLOCK=block,
     )  # fmt: skip
