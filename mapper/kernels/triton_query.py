@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from .keys import COORD_LIMIT_VOX, TILE_AXIS_BITS, TILE_BIAS, VOXEL_LIMIT
-from .triton_ops import _leaf_in_tile, _n_iter
-from .triton_paged import n_iter, page_base, page_of
+from .triton_ops import _leaf_in_tile, _n_iter_frame
+from .triton_paged import n_iter_frame, page_base, page_of
 from .views import LayerView
 
 COORD_LIMIT = tl.constexpr(float(COORD_LIMIT_VOX))  # |voxel coordinate| of a query point (keys.py)
@@ -56,7 +56,7 @@ def _lookup(i, j, k, valid, tkeys, tmask, tstart, n_tiles, slots_ptr, pstarts, n
     return has, page, local
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "nt0", "np0", "nt1", "np1", "nt2", "np2"])  # sizes: no recompiles
 def _distance_kernel(
     p_ptr, n, prm_ptr,
     tk0, tm0, ts0, nt0, sl0, ps0, np0, fa0, fb0,
@@ -146,11 +146,12 @@ def _distance_kernel(
 
 def _layer_args(view: LayerView, names):
     """Tile keys/masks/starts, tile count, slot table, page starts, page count, and the fields' page
-    tables of a layer view, plus its (tile, page) binary-search depths."""
+    tables of a layer view, plus its (tile, page) binary-search depths (one bucket: no compile as maps
+    grow)."""
     t = view.tiles
     args = [t.keys, t.masks, t.starts, t.keys.numel(), view.slots, view.page_starts, view.n_pages]
     args += [view.page_tables[nm] for nm in names]
-    return args, _n_iter(t.keys.numel()), n_iter(view.n_pages)
+    return args, _n_iter_frame(t.keys.numel()), n_iter_frame(view.n_pages)
 
 
 def distance_launch(
