@@ -87,3 +87,20 @@ def test_every_user_shares_the_format():
     assert torch.equal(segments.brick_keys(ijk), expect)
     assert torch.equal(segments.keys_to_bricks(expect), ijk)
     assert (common.KEY_BITS, common.KEY_BIAS, nn.KEY_BIAS) == (21, 2**20, 2**20)
+
+
+def test_mesh_edge_and_block_keys_use_the_documented_layouts():
+    from mapper import mesh
+
+    assert mesh.VOXEL_RANGE_IJ == (-(2**20), 2**20) and mesh.VOXEL_RANGE_K == (-(2**19), 2**19)
+    v = torch.tensor([[-(2**20), 2**20 - 1, -(2**19)], [5, -6, 2**19 - 1], [0, 0, 0]])
+    axis = torch.tensor([2, 0, 1])
+    keys = mesh.edge_keys(v, axis)
+    rows = zip(v.tolist(), [2, 0, 1], strict=True)
+    expect = [(i << 43) + ((j + 2**20) << 22) + ((k + 2**19) << 2) + a for (i, j, k), a in rows]
+    assert keys.tolist() == expect
+    back, ax = mesh.decode_edge_keys(keys)
+    assert torch.equal(back, v) and ax.tolist() == [2, 0, 1]
+    blocks = torch.tensor([[-3, 4, 5], [2**18, -(2**18), 0]])
+    assert torch.equal(mesh.block_keys(blocks), K.voxel_keys(blocks))
+    assert torch.equal(mesh.decode_block_keys(mesh.block_keys(blocks)), blocks)
