@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.dispatch import use_triton
+from ..kernels.dispatch import kernel
 from ..kernels.normals import scan_normals
 from ..kernels.segments import BAND, FrameSegments, walk_segments
 from ..layer_kinds import TsdfLayer
@@ -319,9 +319,10 @@ def _project_update(layer, bricks, slots, depth, K, T, color, cfg, max_range_m) 
     """Projective update of every voxel of the frame's bricks; returns the voxels updated (an int, or on the
     Triton path a 0-dim device tensor, so the frame needs no host sync for it): one Triton launch on CUDA
     (``mapper.kernels.triton_project``), the torch reference elsewhere."""
-    if use_triton(depth.device) and layer.pool.capacity > 0:
-        return _project_update_triton(layer, bricks, slots, depth, K, T, color, cfg, max_range_m)
-    return _project_update_torch(layer, bricks, slots, depth, K, T, color, cfg, max_range_m)
+    impl = _project_update_torch
+    if layer.pool.capacity > 0:
+        impl = kernel(depth.device, _project_update_torch, _project_update_triton)
+    return impl(layer, bricks, slots, depth, K, T, color, cfg, max_range_m)
 
 
 def _project_update_triton(layer, bricks, slots, depth, K, T, color, cfg, max_range_m) -> torch.Tensor:
