@@ -133,7 +133,7 @@ def bench_esdf(args, dev, timer, rows, keep_maps):
     # cold: a fresh integrator over the final TSDF (every brick dirty)
     m._esdf = EsdfIntegrator(m.voxel_size_m, m.esdf_max_distance_m, m.device)
     bricks, _ = m._tsdf.brick_table()
-    m._dirty_bricks = [bricks]
+    m._surface_queue.parts = [bricks]
     ms, extra = timer(m.update_esdf)
     st = m._esdf.stats()
     rows.append(

@@ -44,12 +44,27 @@ def _case(mode: str, device: str, voxel: float, frames: int, beams: int) -> dict
 
     sync()
     out = {"mode": mode, "points": int(scans[0][0].shape[0])}
+    compiled: list[str] = []  # kernels Triton compiled (or loaded from its cache) during each step
+    try:
+        import triton
+
+        def hook(*args, **kwargs):
+            fn = kwargs.get("fn")
+            name = getattr(fn, "name", None) or getattr(getattr(fn, "fn", None), "__name__", str(fn))
+            spec = str(kwargs.get("repr", ""))[:800]
+            compiled.append(f"{name}: {spec}")
+
+        triton.knobs.runtime.jit_post_compile_hook = hook
+    except Exception:  # no triton: nothing compiles
+        pass
     t = time.perf_counter()
     first = Map(voxel, layers=("tsdf", "esdf"), device=dev, warmup=mode != "cold")
     sync()
     out["map_create_s"] = time.perf_counter() - t
+    out["compiles_create"] = len(compiled)
+    compiled.clear()
     m = Map(voxel, layers=("tsdf", "esdf"), device=dev, warmup=mode != "cold") if mode != "cold" else first
-    ms, ims = [], []
+    ms, ims, comp = [], [], []
     for pts, T in scans:
         sync()
         t = time.perf_counter()
@@ -60,6 +75,9 @@ def _case(mode: str, device: str, voxel: float, frames: int, beams: int) -> dict
         sync()
         ms.append((time.perf_counter() - t) * 1e3)
         ims.append((ti - t) * 1e3)
+        comp.append(list(compiled))
+        compiled.clear()
+    out["frame_compiles"] = comp
     out["frame_ms"] = ms
     out["integrate_ms"] = ims
     return out
@@ -72,6 +90,7 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=5)
     ap.add_argument("--beams", type=int, default=64, help="64 x 1875 rays: ~120 k returns")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--skip-cold", action="store_true", help="only the warm and restart cases")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.case:  # child process
@@ -79,7 +98,8 @@ def main() -> None:
         return
     results = []
     with tempfile.TemporaryDirectory() as cold_dir, tempfile.TemporaryDirectory() as warm_dir:
-        for mode, cache in (("cold", cold_dir), ("warm", warm_dir), ("restart", warm_dir)):
+        cases = (("cold", cold_dir), ("warm", warm_dir), ("restart", warm_dir))
+        for mode, cache in cases[1:] if a.skip_cold else cases:
             env = {**os.environ, "TRITON_CACHE_DIR": cache}
             cmd = [sys.executable, __file__, "--case", mode, "--device", a.device, "--voxel", str(a.voxel)]
             cmd += ["--frames", str(a.frames), "--beams", str(a.beams)]
@@ -102,6 +122,8 @@ def main() -> None:
                 f"(process {r['process_s']:.1f} s)",
                 flush=True,
             )
+            for i, c in enumerate(r["frame_compiles"]):
+                print(f"  frame {i + 1}: {len(c)} kernels compiled" + "".join(f"\n    {x}" for x in c))
     if a.out:
         import torch
 
@@ -121,8 +143,8 @@ def main() -> None:
             f"{a.voxel} m",
             "",
             "| case | map creation (ms) | first frame (ms) | of which integrate_lidar | frames 2.. (ms) "
-            "| of which integrate_lidar |",
-            "|---|---|---|---|---|---|",
+            "| of which integrate_lidar | Triton compiles per frame |",
+            "|---|---|---|---|---|---|---|",
         ]
         for r in results:
             f = r["frame_ms"]
@@ -130,8 +152,12 @@ def main() -> None:
             ri = ", ".join(f"{x:.1f}" for x in r["integrate_ms"][1:])
             head.append(
                 f"| {r['mode']} | {r['map_create_s'] * 1e3:.1f} | {f[0]:.1f} | {r['integrate_ms'][0]:.1f} | "
-                f"{rest} | {ri} |"
+                f"{rest} | {ri} | {', '.join(str(len(c)) for c in r['frame_compiles'])} |"
             )
+        for r in results:
+            for i, c in enumerate(r["frame_compiles"]):
+                if c:
+                    head.append(f"\n{r['mode']}, frame {i + 1}: " + "; ".join(f"`{x}`" for x in c))
         (a.out / "warmup.md").write_text("\n".join(head) + "\n")
         (a.out / "warmup.json").write_text(json.dumps(results, indent=1))
 

@@ -65,7 +65,7 @@ def profile_esdf(vs: float, frames: int, rows: int) -> None:
 
     def cold():
         m._esdf = EsdfIntegrator(m.voxel_size_m, m.esdf_max_distance_m, m.device)
-        m._dirty_bricks = [m._tsdf.brick_table()[0]]
+        m._surface_queue.parts = [m._tsdf.brick_table()[0]]
         m.update_esdf()
 
     cold()

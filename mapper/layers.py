@@ -27,6 +27,7 @@ from .grid import IndexGrid
 from .kernels.dispatch import use_triton
 from .kernels.keys import encode_leaf_keys
 from .kernels.topology import make_leaves
+from .kernels.views import LayerView
 
 BRICK_VOXELS = 64
 PAGE_BRICKS = 1 << 14  # 2^20 voxels per page
@@ -337,7 +338,6 @@ class BrickLayer:
         self.slots = torch.zeros((0, 8), dtype=torch.int32, device=device)
         self.pool = PagedPool(fields, device, page_bricks)
         self.version = 0
-        self.last_bricks = torch.zeros((0, 3), dtype=torch.int64, device=device)
         # change tracking for incremental consumers (meshing): the layer version at which each brick was
         # last written (leaf-level sidecar like ``slots``), and a log of removed bricks
         self.brick_versions = torch.zeros((0, 8), dtype=torch.int64, device=device)
@@ -371,7 +371,6 @@ class BrickLayer:
         leaves); inject: the leaf-level slot table into the new leaf order; new bricks get fresh slots.
         """
         m = brick_ijk.shape[0]
-        self.last_bricks = brick_ijk
         if m == 0:
             return torch.zeros(0, dtype=torch.int64, device=self.device)
         shell, leaf_of, b = bricks_grid(brick_ijk)
@@ -517,6 +516,22 @@ class BrickLayer:
             self.pool.scatter(name, slots, t)
 
     # -- views ----------------------------------------------------------------------------------------
+    def kernel_view(self, names) -> LayerView | None:
+        """What a kernel reading the fields ``names`` by voxel needs (``mapper.kernels.views.LayerView``),
+        or None when the layer has no bricks."""
+        if self.grid.num_leaves == 0 or self.pool.capacity == 0:
+            return None
+        pool = self.pool
+        return LayerView(
+            self.grid.tiles,
+            self.slots,
+            pool.page_start_table(),
+            len(pool.page_starts) - 1,
+            {n: pool.page_table(n) for n in names},
+            self.grid.num_leaves,
+            pool.capacity,
+        )
+
     def voxel_view(self, names) -> tuple[IndexGrid, dict[str, torch.Tensor]]:
         """The layer as (grid of all allocated voxels, {field: tensor [N, *C] in the grid's voxel order})."""
         g = self.grid

@@ -1,94 +1,53 @@
 """``Map``: fuses depth images and LiDAR scans into sparse layers (TSDF + colour, occupancy, ESDF).
 
-Every layer is a :class:`~mapper.layers.BrickLayer`; each frame runs the same recipe per layer:
-grow (bricks touched by the observation) -> merge (new grid epoch) -> inject (slot table) -> update.
-See ``mapper/integrators`` for the per-layer semantics and NOTES.md for the design.
+The recipe of a frame: check the input; build the frame (:mod:`mapper.integrators.base`); each integrator
+of the map fuses it into its layer and returns the bricks it updated, which the map queues for the ESDF;
+the radius policy; the trajectory. Every stored layer is a kind of :class:`~mapper.layers.BrickLayer`
+(:mod:`mapper.layer_kinds`) that owns its fields, reset, decay and views; the ESDF follows its queues on
+:meth:`Map.update_esdf`. Queries live in :mod:`mapper.queries`, ray casting in :mod:`mapper.raycast`,
+tracking in :mod:`mapper.tracking`. See NOTES.md for the design.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import time
-from contextlib import contextmanager
 
 import torch
 
 from . import _validation as v
+from . import maintenance
 from . import queries as Q
 from .errors import InvalidArgument, InvalidArgumentType, NotFound, RequestTooLarge
 from .grid import IndexGrid
-from .integrators import free as free_space
-from .integrators import occupancy as occ
-from .integrators import tsdf
+from .integrators.base import BrickQueue, DepthFrame, LidarFrame
 from .integrators.common import (
-    KEY_LIMIT,
     check_color,
     check_depth,
     check_intrinsics,
     check_points,
     check_pose,
-    keys_to_ijk,
-    voxel_keys,
 )
-from .integrators.free import free_fields
-from .kernels.dispatch import use_triton
-from .layers import BrickLayer, brick_offsets
+from .integrators.free import FreeSpaceIntegrator
+from .integrators.occupancy import OccupancyConfig, OccupancyIntegrator
+from .integrators.tsdf import TsdfConfig, TsdfIntegrator
+from .kernels.keys import COORD_LIMIT_VOX
+from .layer_kinds import ObservedRecord, OccupancyLayer, StoredLayer, TsdfLayer
+from .layers import BrickLayer
 from .mesh import Mesh, extract_mesh, mesh_since
-from .registration import Odometry, OdometryConfig
+from .raycast import raycast_tsdf
+from .registration import OdometryConfig
 from .sharding import ShardSpec
+from .timing import StageTimer
+from .tracking import LidarTracker
+from .trajectory import Trajectory
 
 LAYERS = ("tsdf", "color", "occupancy", "esdf")
-# pending dirty-brick rows (frames since the last ESDF update) past which they are merged into unique rows:
-# a map whose ESDF is never read (lazy updates, a library user) would otherwise keep every frame's list
-DIRTY_COMPACT_ROWS = 1 << 18
 # points per chunk of a point query (bounds its temporaries: ~1.2 KB per point in one piece on the CPU torch
 # path, so a 16 M-cell slice needed ~20 GB; chunked, a query costs its outputs plus one chunk's working set)
 QUERY_CHUNK = {"cpu": 1 << 15, "cuda": 1 << 20}
 _HOST = torch.device("cpu")  # tracking poses live on the host (see mapper.registration)
 MAX_TRAJECTORY = 100_000  # sensor poses kept per map (the oldest half is dropped beyond)
-
-
-class _StageTimer:
-    """Per-stage wall times of the last frame. On CUDA, events are recorded without synchronising and
-    resolved when ``stats()`` asks."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.pending: dict[str, list] = {}
-        self.last: dict[str, float] = {}
-
-    def reset(self) -> None:
-        self.pending = {}
-
-    @contextmanager
-    def __call__(self, stage: str):
-        if self.cuda:
-            a = torch.cuda.Event(enable_timing=True)
-            b = torch.cuda.Event(enable_timing=True)
-            a.record()
-            try:
-                yield
-            finally:
-                b.record()
-                self.pending.setdefault(stage, []).append((a, b))
-        else:
-            t0 = time.perf_counter()
-            try:
-                yield
-            finally:
-                self.last[stage] = self.last.get(stage, 0.0) + (time.perf_counter() - t0) * 1e3
-
-    def begin_frame(self) -> None:
-        self.pending = {}
-        self.last = {}
-
-    def resolve(self) -> dict[str, float]:
-        if self.cuda and self.pending:
-            torch.cuda.synchronize()
-            self.last = {k: sum(a.elapsed_time(b) for a, b in pairs) for k, pairs in self.pending.items()}
-            self.pending = {}
-        return dict(self.last)
 
 
 def _positive(name: str, x, allow_none: bool = False) -> float | None:
@@ -170,7 +129,7 @@ class Map:
         self.device = v.resolve_device(device)
         self.max_range_m = _positive("max_range_m", max_range_m)
         self.esdf_max_distance_m = _positive("esdf_max_distance_m", esdf_max_distance_m)
-        self.tsdf_config = tsdf.TsdfConfig(
+        self.tsdf_config = TsdfConfig(
             self.voxel_size_m,
             _positive("truncation_vox", truncation_vox),
             _positive("tsdf_obs_weight", tsdf_obs_weight),
@@ -178,11 +137,12 @@ class Map:
             with_color="color" in layers,
         )
         try:
-            self.occupancy_config = occ.OccupancyConfig(self.voxel_size_m, **(occupancy or {}))
+            self.occupancy_config = OccupancyConfig(self.voxel_size_m, **(occupancy or {}))
         except TypeError as e:
             raise InvalidArgument(f"occupancy: {e}") from None
-        self._tsdf = BrickLayer(tsdf.tsdf_fields(self.tsdf_config), self.device) if "tsdf" in layers else None
-        self._occ = BrickLayer(occ.occupancy_fields(), self.device) if "occupancy" in layers else None
+        s = self.voxel_size_m
+        self._tsdf = TsdfLayer(self.device, s, with_color="color" in layers) if "tsdf" in layers else None
+        self._occ = OccupancyLayer(self.device, s) if "occupancy" in layers else None
         if registration is not None and not isinstance(registration, dict):
             raise InvalidArgumentType(f"registration: expected a dict, got {type(registration).__name__}")
         self._registration = dict(registration or {})
@@ -191,10 +151,7 @@ class Map:
             self.registration_config = OdometryConfig(**cfg)
         except (TypeError, InvalidArgument) as e:
             raise InvalidArgument(f"registration: {e}") from None
-        # LiDAR tracking (frames without a pose): off until the first such frame; until then only the last
-        # posed frame is kept (points, pose, previous pose) to seed it, so that posed maps pay nothing
-        self._odometry: Odometry | None = None
-        self._last_posed: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+        self._tracker = LidarTracker(self.registration_config, self.device)  # frames without a pose
         self._esdf = None
         self._free = None  # observed free space at the ESDF's resolution (see mapper.integrators.free)
         if "esdf" in layers:
@@ -207,23 +164,40 @@ class Map:
                 source_voxel_size_m=self.voxel_size_m,
             )
             if self._occ is None or not self._esdf.same_lattice:
-                self._free = BrickLayer(free_fields(), self.device)
+                self._free = ObservedRecord(self.device, self.esdf_voxel_size_m)
+        # what the ESDF must still update: source bricks whose surface or sign changed, and ESDF bricks
+        # whose free-record state changed (the integrators' results and the edits, see _bind)
+        self._surface_queue, self._free_queue = BrickQueue(), BrickQueue()
+        self._integrators = {
+            TsdfLayer: TsdfIntegrator(self.tsdf_config),
+            OccupancyLayer: OccupancyIntegrator(self.occupancy_config),
+            ObservedRecord: FreeSpaceIntegrator(
+                self.esdf_voxel_size_m, self.tsdf_config.tau if self._tsdf is not None else 0.0
+            ),
+        }
+        self._bind()
+        self._last_updated: dict[str, torch.Tensor] = {}  # the bricks each layer's integrator last updated
         self.frames_integrated = 0
         self.version = 0
-        self._timer = _StageTimer(self.device)
-        self._dirty_bricks: list[torch.Tensor] = []
-        # the sensor trajectory: the pose of every integrated frame (float64 [4, 4], on the device it came
-        # on; moved to the host only when read) and the map version after it; the oldest are dropped past
-        # MAX_TRAJECTORY poses (``_trajectory_start`` counts them, so indices stay stable)
-        self._poses: list[torch.Tensor] = []
-        self._pose_versions: list[int] = []
-        self._trajectory_start = 0
-        self._dirty_free: list[torch.Tensor] = []  # ESDF bricks whose free-record state changed
+        self._timer = StageTimer(self.device)
+        self._trajectory = Trajectory()  # the pose of every integrated frame and the map version after it
         self.read_only = False  # a read_view(): queries only
         if warmup and self.device.type == "cuda":
             from .warmup import warm_up
 
             warm_up(self.config(), self.device)
+
+    def _bind(self) -> None:
+        """The stored layers in integration order with their ESDF queue (None without an ESDF)."""
+        esdf = self._esdf is not None
+        pairs = (
+            (self._tsdf, self._surface_queue),
+            (self._occ, self._surface_queue),
+            (self._free, self._free_queue),
+        )
+        self._stores: list[tuple[StoredLayer, BrickQueue | None]] = [
+            (layer, queue if esdf else None) for layer, queue in pairs if layer is not None
+        ]
 
     def read_view(self) -> Map:
         """A read-only version of the map as it is now, for readers on other threads while this map keeps
@@ -234,18 +208,19 @@ class Map:
         as of now (``update_esdf()`` first for a fresh one); a view never updates it and cannot integrate."""
         v = copy.copy(self)
         v.read_only = True
-        for name in ("_tsdf", "_occ", "_free"):
-            layer = getattr(self, name)
-            if layer is not None:
-                setattr(v, name, layer.frozen())
+        v._tsdf, v._occ, v._free = (
+            None if la is None else la.frozen() for la in (self._tsdf, self._occ, self._free)
+        )
         if self._esdf is not None:
             v._esdf = copy.copy(self._esdf)
             v._esdf.layer = self._esdf.layer.frozen()
             v._esdf.last = dict(self._esdf.last)
-        v._odometry, v._last_posed = None, None  # tracking state: the writer's alone
-        v._poses, v._pose_versions = list(self._poses), list(self._pose_versions)
-        v._dirty_bricks, v._dirty_free = list(self._dirty_bricks), list(self._dirty_free)
-        v._timer = _StageTimer(torch.device("cpu"))
+        v._tracker = LidarTracker(self.registration_config, self.device)  # tracking state: the writer's alone
+        v._trajectory = self._trajectory.copy()
+        v._surface_queue, v._free_queue = self._surface_queue.copy(), self._free_queue.copy()
+        v._bind()
+        v._last_updated = dict(self._last_updated)
+        v._timer = StageTimer(torch.device("cpu"))
         v._timer.last = dict(self._timer.last)
         return v
 
@@ -258,20 +233,21 @@ class Map:
         self._writable()
         self._timer.begin_frame()
 
-    def _end(self, touched: list[torch.Tensor], T_world_sensor: torch.Tensor | None = None) -> None:
+    def _integrate(self, frame: LidarFrame | DepthFrame) -> None:
+        """Every stored layer's integrator fuses ``frame``; the bricks each updated go to its ESDF queue."""
+        for layer, queue in self._stores:
+            bricks = self._integrators[type(layer)].integrate(frame, layer, self._timer)
+            self._last_updated[layer.kind] = bricks
+            if queue is not None:
+                queue.push(bricks)
+
+    def _end(self, T_world_sensor: torch.Tensor | None = None) -> None:
         self.frames_integrated += 1
         self.version += 1
         if T_world_sensor is not None:
-            self._poses.append(T_world_sensor.detach())
-            self._pose_versions.append(self.version)
-            if len(self._poses) > MAX_TRAJECTORY:
-                drop = len(self._poses) - MAX_TRAJECTORY // 2
-                del self._poses[:drop], self._pose_versions[:drop]
-                self._trajectory_start += drop
-        if self._esdf is not None:
-            self._dirty_bricks.extend(t for t in touched if t.numel())
-            self._dirty_bricks = _compact_dirty(self._dirty_bricks)
-            self._dirty_free = _compact_dirty(self._dirty_free)
+            self._trajectory.append(T_world_sensor, self.version, MAX_TRAJECTORY)
+        self._surface_queue.compact()
+        self._free_queue.compact()
 
     def integrate_lidar(
         self, points_sensor, T_world_sensor=None, *, estimated: bool = False, track: bool = True
@@ -302,24 +278,11 @@ class Map:
         ok = torch.isfinite(pts).all(dim=1) & (r > 1e-6) & (r <= self.max_range_m)
         pts = pts[ok].to(torch.float64)
         used = int(pts.shape[0])
-        touched = []
         if used:
-            world = pts @ T[:3, :3].T + T[:3, 3]
-            origin = T[:3, 3]
-            if self._tsdf is not None:
-                tsdf.integrate_lidar(self._tsdf, origin, world, self.tsdf_config, self._timer)
-                touched.append(self._last_bricks(self._tsdf))
-            if self._occ is not None or self._free is not None:
-                d = world - origin
-                rng = torch.linalg.vector_norm(d, dim=1)
-                dirs = d / rng[:, None]
-            if self._occ is not None:
-                touched.append(self._carve(origin, dirs, rng))
-            if self._free is not None:
-                self._walk_free(origin, dirs, rng)
+            self._integrate(LidarFrame(T[:3, 3], pts @ T[:3, :3].T + T[:3, 3]))
         cleared = self._keep_radius(T[:3, 3])
         self._keep_shard()
-        self._end(touched, T_host)
+        self._end(T_host)
         out = {"points_used": used, "points_dropped": int(ok.numel() - used), "T_world_sensor": T_host}
         if cleared is not None:
             out["bricks_cleared"] = cleared
@@ -342,26 +305,7 @@ class Map:
         """
         pts = check_points("points_sensor", points_sensor, self.device)
         T = None if T_world_sensor is None else check_pose("T_world_sensor", T_world_sensor, _HOST)
-        if T is None or estimated:
-            self._start_tracking()
-        odo = self._odometry
-        if odo is None:  # tracking is off: remember the last posed scan to seed it
-            prev = None if self._last_posed is None else self._last_posed[1]
-            self._last_posed = (pts.clone(), T, prev)
-            return T, None
-        pose = odo.register_frame(pts, pose=T, estimated=estimated)
-        return pose, (dict(odo.last_info) if T is None else None)
-
-    def _start_tracking(self) -> None:
-        if self._odometry is not None:
-            return
-        odo = Odometry(self.registration_config, device=self.device)
-        if self._last_posed is not None:
-            pts, T, prev = self._last_posed
-            if prev is not None:  # the motion model starts from the last two posed scans
-                odo.pose, odo.frames = prev, 1
-            odo.register_frame(pts, pose=T)
-        self._odometry, self._last_posed = odo, None
+        return self._tracker.track(pts, T, estimated)
 
     def integrate_depth(self, depth_m, K, T_world_sensor, color=None) -> dict:
         """Fuse one depth image.
@@ -383,34 +327,11 @@ class Map:
         ok = torch.isfinite(d) & (d > 0) & (d <= self.max_range_m)
         used = int(ok.sum())
         self._begin()
-        touched = []
         if used:
-            if self._tsdf is not None:
-                tsdf.integrate_depth(
-                    self._tsdf, depth, Kt, T, col, self.tsdf_config, self.max_range_m, self._timer
-                )
-                touched.append(self._last_bricks(self._tsdf))
-            if self._occ is not None:
-                _, origin, dirs, rng = tsdf.pixel_rays(depth, Kt, T, self.max_range_m)
-                touched.append(self._carve(origin, dirs, rng))
-            if self._free is not None:
-                with self._timer("free"):
-                    # free_space.depth_stride computed on the device (the same float64 arithmetic; no
-                    # host sync): every st-th pixel of every st-th row
-                    z_max = torch.where(ok, d, torch.zeros_like(d)).max().to(torch.float64)
-                    f_min = Kt[:2, :2].diagonal().min()
-                    st = (
-                        torch.floor(0.5 * self.esdf_voxel_size_m * f_min / z_max).clamp(min=1).to(torch.int64)
-                    )
-                    h, w = depth.shape
-                    rows = torch.arange(h, device=self.device)[:, None] % st == 0
-                    sub = rows & (torch.arange(w, device=self.device)[None, :] % st == 0)
-                    sparse = torch.where(sub, depth, torch.zeros_like(depth))
-                    _, origin, dirs, rng = tsdf.pixel_rays(sparse, Kt, T, self.max_range_m)
-                    self._walk_free(origin, dirs, rng)
+            self._integrate(DepthFrame(depth, Kt, T, col, self.max_range_m))
         cleared = self._keep_radius(T[:3, 3])
         self._keep_shard()
-        self._end(touched, T)
+        self._end(T)
         out = {"points_used": used, "points_dropped": int(d.numel() - used)}
         if cleared is not None:
             out["bricks_cleared"] = cleared
@@ -422,36 +343,21 @@ class Map:
         the map has no policy."""
         if self.keep_radius_m is None:
             return None
-        c = origin.to(self.device, torch.float64)
-        n = 0
-        for name, layer in self._brick_layers():
-            if layer.num_bricks == 0:
-                continue
-            bm = 4 * self._layer_voxel_m(name)  # the free record has the ESDF's voxel
-            bricks, _ = layer.brick_table()
-            lo = bricks.to(torch.float64) * bm
-            near = torch.minimum(torch.maximum(c, lo), lo + bm)  # the brick's point nearest to the origin
-            far = torch.linalg.vector_norm(near - c, dim=1) > self.keep_radius_m
-            n += self._free_bricks(layer, bricks, far, name)
-        return n
+        return maintenance.free_far_bricks(
+            self._stores, origin.to(self.device, torch.float64), self.keep_radius_m
+        )
 
     def _keep_shard(self) -> None:
         """A shard (``shard``): free the bricks of every source layer lying wholly outside the halo of its own
         blocks (the ESDF follows on its next update)."""
-        if self.shard is None:
-            return
-        for name, layer in self._brick_layers():
-            if layer.num_bricks == 0:
-                continue
-            bricks, _ = layer.brick_table()
-            keep = self.shard.keep_bricks(bricks, 4 * self._layer_voxel_m(name), self.voxel_size_m)
-            self._free_bricks(layer, bricks, ~keep, name)
+        if self.shard is not None:
+            maintenance.free_outside_shard(self._stores, self.shard, self.voxel_size_m)
 
     @property
     def coordinate_limit_m(self) -> float:
         """Map coordinates reach ``+-coordinate_limit_m`` per axis (the integrators' keys hold voxel
         coordinates within ``+-2^20``, NOTES.md); a sensor outside cannot add anything."""
-        return (KEY_LIMIT - 8) * self.voxel_size_m
+        return COORD_LIMIT_VOX * self.voxel_size_m
 
     def check_sensor_pose(self, T_world_sensor) -> torch.Tensor:
         """A rigid ``[4, 4]`` transform whose translation lies inside the map's coordinate range
@@ -469,24 +375,6 @@ class Map:
     def _check_sensor_pose(self, T_world_sensor) -> torch.Tensor:
         return self.check_sensor_pose(T_world_sensor).to(self.device)
 
-    def _carve(self, origin: torch.Tensor, dirs: torch.Tensor, rng: torch.Tensor) -> torch.Tensor:
-        """Occupancy update for rays that all end in a return; the bricks it touched."""
-        hit = torch.ones_like(rng, dtype=torch.bool)
-        occ.integrate_rays(self._occ, origin, dirs, rng, hit, self.occupancy_config, self._timer)
-        return self._last_bricks(self._occ)
-
-    def _walk_free(self, origin: torch.Tensor, dirs: torch.Tensor, rng: torch.Tensor) -> None:
-        """Record the free space of rays ending in a return at ``rng`` (see mapper.integrators.free)."""
-        tau = self.tsdf_config.tau if self._tsdf is not None else 0.0
-        gap = free_space.free_gap(tau, self.esdf_voxel_size_m)
-        new = free_space.integrate_free(self._free, origin, dirs, rng - gap, self.esdf_voxel_size_m)
-        if new.numel():
-            self._dirty_free.append(new)
-
-    def _last_bricks(self, layer: BrickLayer) -> torch.Tensor:
-        """Bricks touched by the last allocate (recorded by the layer)."""
-        return layer.last_bricks
-
     # ------------------------------------------------------------------------------------------ ESDF
     def update_esdf(self) -> dict:
         """Bring the ESDF up to date with the surface; recomputes only the region the frames since the
@@ -494,22 +382,18 @@ class Map:
         if self._esdf is None:
             raise NotFound("layer 'esdf' is not enabled on this map")
         self._writable()
-        dirty, dirty_free = self._dirty_bricks, self._dirty_free
-        self._dirty_bricks, self._dirty_free = [], []
+        dirty, dirty_free = self._surface_queue.drain(), self._free_queue.drain()
         with self._timer("esdf"):
             return self._esdf.update(self._tsdf, self._occ, dirty, self.tsdf_config, self._free, dirty_free)
 
     # --------------------------------------------------------------------------------- maintenance
-    def _brick_layers(self):
-        """(name, layer) of the stored layers: tsdf, occupancy and the free record ("free", ESDF voxels)."""
-        pairs = (("tsdf", self._tsdf), ("occupancy", self._occ), ("free", self._free))
-        return [(n, la) for n, la in pairs if la is not None]
+    def _brick_layers(self) -> list[tuple[str, StoredLayer]]:
+        """(kind, layer) of the stored layers: tsdf, occupancy and the free record ("free", ESDF voxels)."""
+        return [(layer.kind, layer) for layer, _ in self._stores]
 
-    def _layer_voxel_m(self, name: str) -> float:
-        return self.esdf_voxel_size_m if name == "free" else self.voxel_size_m
-
-    def _dirty_of(self, name: str) -> list[torch.Tensor]:
-        return self._dirty_free if name == "free" else self._dirty_bricks
+    def _all_layers(self) -> list[tuple[str, BrickLayer]]:
+        """The stored layers, then the ESDF's ("esdf")."""
+        return self._brick_layers() + ([("esdf", self._esdf.layer)] if self._esdf is not None else [])
 
     def decay(self, factor: float = 0.5, threshold: float = 0.05) -> dict:
         """Fade old observations: weights (TSDF) and |log-odds| (occupancy) are multiplied by ``factor``;
@@ -521,89 +405,14 @@ class Map:
         th = float(threshold)
         if not math.isfinite(th) or th < 0:
             raise InvalidArgument(f"threshold: expected a finite value >= 0, got {threshold}")
-        freed = {}
-        for name, layer in self._brick_layers():
-            bricks, slots = layer.brick_table()
-            if slots.numel() == 0:
-                continue
-            if name == "tsdf":
-                w_old = layer.pool.gather("weight", slots).to(torch.float32)
-                w = w_old * f
-                dead = w < th
-                died = dead & (w_old > 0)
-                w = torch.where(dead, torch.zeros_like(w), w)
-                t = torch.where(dead, torch.zeros_like(w), layer.pool.gather("tsdf", slots).to(torch.float32))
-                layer.pool.scatter("weight", slots, w)
-                layer.pool.scatter("tsdf", slots, t)
-                if "color_weight" in layer.pool.fields:
-                    cw = layer.pool.gather("color_weight", slots).to(torch.float32) * f
-                    layer.pool.scatter("color_weight", slots, torch.where(dead, torch.zeros_like(cw), cw))
-                alive = ~dead.all(dim=1)
-            else:
-                lo_old = layer.pool.gather("log_odds", slots).to(torch.float32)
-                lo = lo_old * f
-                lo = torch.where(lo.abs() < th, torch.full_like(lo, float("nan")), lo)
-                died = torch.isnan(lo) & ~torch.isnan(lo_old)
-                layer.pool.scatter("log_odds", slots, lo)
-                alive = ~torch.isnan(lo).all(dim=1)
-            if self._esdf is not None:  # voxels that became unobserved in surviving bricks
-                self._dirty_of(name).append(bricks[died.any(dim=1) & alive])
-            layer.touch(bricks[alive])
-            freed[name] = self._free_bricks(layer, bricks, ~alive, name)
+        freed = maintenance.decay(self._stores, f, th)
         self.version += 1
         return {"bricks_freed": freed}
 
-    def _free_bricks(
-        self, layer: BrickLayer, bricks: torch.Tensor, drop: torch.Tensor, name: str = ""
-    ) -> int:
-        n = int(drop.sum())
-        if n:
-            if self._esdf is not None:
-                self._dirty_of(name).append(bricks[drop])
-            leaf = layer.grid.ijk_to_leaf(bricks[drop] << 2)
-            from .layers import brick_in_leaf
-
-            mask = torch.zeros_like(layer.slots, dtype=torch.bool)
-            mask[leaf, brick_in_leaf(bricks[drop] << 2)] = True
-            layer.release_bricks(mask)
-        return n
-
-    def _reset_voxels(self, layer: BrickLayer, name: str, slots, off) -> None:
-        if name == "tsdf":
-            for f in ("tsdf", "weight", "color_weight"):
-                if f in layer.pool.fields:
-                    layer.pool.scatter(f, slots, torch.zeros(slots.numel(), device=self.device), off)
-        else:
-            layer.pool.scatter(
-                "log_odds", slots, torch.full((slots.numel(),), float("nan"), device=self.device), off
-            )
-
     def _clear_where(self, inside_fn) -> dict:
         """Remove voxels where ``inside_fn(world centres [M, 3]) -> bool`` holds."""
-        freed = {}
-        for name, layer in self._brick_layers():
-            s = self._layer_voxel_m(name)
-            bricks, slots = layer.brick_table()
-            if slots.numel() == 0:
-                continue
-            local = torch.stack(
-                torch.meshgrid(*(torch.arange(4, device=self.device),) * 3, indexing="ij"), -1
-            ).reshape(1, 64, 3)
-            full = torch.zeros(bricks.shape[0], dtype=torch.bool, device=self.device)
-            step = QUERY_CHUNK.get(self.device.type, 1 << 15) // 64  # ~4 KB of temporaries per brick
-            for a in range(0, bricks.shape[0], step):
-                bk, sl = bricks[a : a + step], slots[a : a + step]
-                vox = bk[:, None, :] * 4 + local
-                inside = inside_fn(((vox.to(torch.float64) + 0.5) * s).reshape(-1, 3)).reshape(-1, 64)
-                full[a : a + step] = inside.all(dim=1)
-                part = inside & ~full[a : a + step, None]
-                if bool(part.any()):
-                    b, o = part.nonzero(as_tuple=True)
-                    self._reset_voxels(layer, name, sl[b], brick_offsets(vox[b, o]))
-                    layer.touch(bk[part.any(dim=1)])
-                    if self._esdf is not None:
-                        self._dirty_of(name).append(bk[part.any(dim=1)])
-            freed[name] = self._free_bricks(layer, bricks, full, name)
+        step = QUERY_CHUNK.get(self.device.type, 1 << 15) // 64  # ~4 KB of temporaries per brick
+        freed = maintenance.clear_where(self._stores, inside_fn, step)
         self.version += 1
         return {"bricks_freed": freed}
 
@@ -655,21 +464,17 @@ class Map:
         """(CPU tensors, JSON metadata) of the whole map. The ESDF is not stored: it is recomputed from the
         surface on the first ``update_esdf`` after loading (it is a pure function of the surface)."""
         tensors = {}
-        for name, layer in self._brick_layers():
-            tensors.update(layer.state_tensors(name))
+        for layer, _ in self._stores:
+            tensors.update(layer.state_tensors(layer.kind))
         meta = {"config": self.config(), "frames_integrated": self.frames_integrated, "version": self.version}
         # LiDAR tracking: the odometry (local map, poses, threshold) or the last posed scan that seeds it
-        if self._odometry is not None:
-            odo_tensors, meta["tracking"] = self._odometry.state_dict("tracking.")
-            tensors.update(odo_tensors)
-        elif self._last_posed is not None:
-            pts, T, prev = self._last_posed
-            tensors.update({"tracking.last_points": pts, "tracking.last_pose": T})
-            if prev is not None:
-                tensors["tracking.prev_pose"] = prev
-        if self._poses:
-            poses, versions, start = self.trajectory()
-            tensors.update({"trajectory.poses": poses, "trajectory.versions": versions})
+        tracking, tracking_meta = self._tracker.state_dict("tracking.")
+        tensors.update(tracking)
+        if tracking_meta is not None:
+            meta["tracking"] = tracking_meta
+        trajectory, start = self._trajectory.state_tensors()
+        if start is not None:
+            tensors.update(trajectory)
             meta["trajectory_start"] = start
         return {k: t.detach().cpu() for k, t in tensors.items()}, meta
 
@@ -677,27 +482,16 @@ class Map:
     def from_state_dict(cls, tensors: dict[str, torch.Tensor], meta: dict, device=None) -> Map:
         """Rebuild a map saved with :meth:`state_dict` (on ``device``, default: CUDA when available)."""
         m = cls(**meta["config"], device=device)  # older snapshots: the ESDF voxel takes its default
-        for name, layer in m._brick_layers():
-            if f"{name}.bricks" not in tensors and name == "free":
+        for layer, queue in m._stores:
+            if f"{layer.kind}.bricks" not in tensors and layer is m._free:
                 continue  # no free record in the snapshot (written before it existed): known after new frames
-            layer.load_state_tensors(tensors, name)
-            if m._esdf is not None:
-                m._dirty_of(name).append(layer.brick_table()[0])
+            layer.load_state_tensors(tensors, layer.kind)
+            if queue is not None:
+                queue.push_always(layer.brick_table()[0])
         m.frames_integrated = int(meta.get("frames_integrated", 0))
         m.version = int(meta.get("version", 0))
-        if "trajectory.poses" in tensors:
-            m._poses = list(tensors["trajectory.poses"].to(_HOST, torch.float64).unbind(0))
-            m._pose_versions = [int(x) for x in tensors["trajectory.versions"].tolist()]
-            m._trajectory_start = int(meta.get("trajectory_start", 0))
-        if "tracking" in meta:
-            m._odometry = Odometry.from_state_dict(tensors, meta["tracking"], "tracking.", m.device)
-        elif "tracking.last_points" in tensors:
-            prev = tensors.get("tracking.prev_pose")
-            m._last_posed = (
-                tensors["tracking.last_points"].to(m.device, torch.float32),
-                tensors["tracking.last_pose"].to(_HOST, torch.float64),
-                None if prev is None else prev.to(_HOST, torch.float64),
-            )
+        m._trajectory.load_state_tensors(tensors, meta.get("trajectory_start", 0))
+        m._tracker.load_state_dict(tensors, meta.get("tracking"), "tracking.")
         return m
 
     # -------------------------------------------------------------------------------------- queries
@@ -710,11 +504,11 @@ class Map:
     @property
     def esdf_dirty(self) -> bool:
         """True when frames or edits since the last ``update_esdf()`` may have changed the ESDF."""
-        return bool(self._dirty_bricks or self._dirty_free)
+        return bool(self._surface_queue or self._free_queue)
 
     def _esdf_current(self, update: bool = True):
         esdf = self._require("esdf")
-        if update and not self.read_only and (self._dirty_bricks or self._dirty_free):
+        if update and not self.read_only and self.esdf_dirty:
             self.update_esdf()
         return esdf
 
@@ -723,31 +517,14 @@ class Map:
         corner voxels is unobserved; weight float32 [M], 0 there)."""
         layer = self._require("tsdf")
         p = Q.check_query_points("points_world", points_world, self.device)
-        return self._chunked(lambda q: self._query_tsdf(layer, q), p)
-
-    def _query_tsdf(self, layer, p: torch.Tensor):
-        _, frac, ok, vals, present = Q.gather_corners(
-            layer, p, self.voxel_size_m, ["tsdf", "weight"], [0.0, 0.0]
-        )
-        obs = (present & (vals["weight"] > 0)).all(dim=1) & ok
-        t, _ = Q.masked_trilinear(vals["tsdf"], frac, obs, self.voxel_size_m)
-        w, _ = Q.masked_trilinear(vals["weight"], frac, obs, self.voxel_size_m)
-        return t, torch.nan_to_num(w, nan=0.0)
+        return self._chunked(lambda q: Q.tsdf_at(layer, q, self.voxel_size_m), p)
 
     def query_occupancy(self, points_world) -> tuple[torch.Tensor, torch.Tensor]:
         """Occupancy of the voxel holding each ``[M, 3]`` world point: (state int8 [M]: -1 unknown, 0 free,
         1 occupied; probability float32 [M], 0.5 where unknown)."""
         layer = self._require("occupancy")
         p = Q.check_query_points("points_world", points_world, self.device)
-        return self._chunked(lambda q: self._query_occupancy(layer, q), p)
-
-    def _query_occupancy(self, layer, p: torch.Tensor):
-        ijk, ok = Q.voxel_of(p, self.voxel_size_m)
-        (lo,), present = Q.gather_voxels(layer, ijk, ["log_odds"], [float("nan")])
-        known = ok & present & ~torch.isnan(lo)
-        state = torch.where(known, torch.where(lo > 0, 1, 0), -1).to(torch.int8)
-        prob = torch.where(known, torch.sigmoid(torch.nan_to_num(lo)), torch.full_like(lo, 0.5))
-        return state, prob
+        return self._chunked(lambda q: Q.occupancy_at(layer, q, self.voxel_size_m), p)
 
     def query_distance(
         self, points_world, update_esdf: bool = True
@@ -782,44 +559,14 @@ class Map:
         return outs
 
     def _query_distance(self, esdf, p: torch.Tensor):
-        if use_triton(self.device):
-            from .kernels.triton_query import distance_launch, usable  # one launch; same values as below
-
-            if usable(esdf.layer):
-                s, md = self.esdf_voxel_size_m, self.esdf_max_distance_m
-                return distance_launch(p, s, md, esdf.layer, *self._esdf_fallback())
-        return self._query_distance_torch(esdf, p)
-
-    def _esdf_fallback(self) -> tuple[BrickLayer | None, BrickLayer | None]:
-        """The layers that tell whether an ESDF voxel outside the ESDF layer (farther than the max distance
-        from every site) was observed, at the ESDF's voxel: (TSDF: weight > 0, log-odds layer: not NaN).
-        The source layers count only on the same lattice; the free record always (it has the ESDF voxel)."""
-        same = self._esdf.same_lattice
+        """:func:`mapper.queries.distance_at` on the ESDF, with the layers that tell whether an ESDF voxel
+        outside the ESDF layer (farther than the max distance from every site) was observed, at the ESDF's
+        voxel: the source layers on the same lattice only; the free record always (it has the ESDF voxel)."""
+        same = esdf.same_lattice
         tsdf_layer = self._tsdf if same else None
         occ_layer = self._occ if (same and self._occ is not None) else self._free
-        return tsdf_layer, occ_layer
-
-    def _query_distance_torch(self, esdf, p: torch.Tensor):
         s, md = self.esdf_voxel_size_m, self.esdf_max_distance_m
-        ijk, frac, ok, vals, present = Q.gather_corners(esdf.layer, p, s, ["esdf", "observed"], [md, 0.0])
-        d = vals["esdf"]
-        obs = present & (vals["observed"] > 0)
-        absent = ~present
-        if bool(absent.any()):
-            a_ijk = ijk[absent]
-            seen = torch.zeros(a_ijk.shape[0], dtype=torch.bool, device=self.device)
-            tsdf_layer, occ_layer = self._esdf_fallback()
-            if tsdf_layer is not None:
-                (w,), pr = Q.gather_voxels(tsdf_layer, a_ijk, ["weight"], [0.0])
-                seen |= pr & (w > 0)
-            if occ_layer is not None:
-                (lo,), pr = Q.gather_voxels(occ_layer, a_ijk, ["log_odds"], [float("nan")])
-                seen |= pr & ~torch.isnan(lo)
-            obs[absent] = seen
-            d[absent] = md
-        all_obs = obs.all(dim=1) & ok
-        dist, grad = Q.masked_trilinear(d, frac, all_obs, s)
-        return dist, grad, all_obs
+        return Q.distance_at(esdf.layer, p, s, md, tsdf_layer, occ_layer)
 
     def _esdf_bounds(self, update: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         bricks, _ = self._esdf_current(update).layer.brick_table()
@@ -856,7 +603,7 @@ class Map:
         zs = torch.full((1,), z, dtype=torch.float64, device=self.device)
         esdf = self._esdf_current(update_esdf)
         (d,) = self._chunked(
-            lambda q: self._query_distance(esdf, q)[:1], _lattice((ys, xs, zs), (1, 0, 2)), h * w
+            lambda q: self._query_distance(esdf, q)[:1], Q.lattice_points((ys, xs, zs), (1, 0, 2)), h * w
         )
         return Q.Slice(d.reshape(h, w), (float(lo[0]), float(lo[1])), res, z)
 
@@ -881,7 +628,7 @@ class Map:
         ]
         esdf = self._esdf_current(update_esdf)
         d, g, o = self._chunked(
-            lambda q: self._query_distance(esdf, q), _lattice(axes, (0, 1, 2)), n[0] * n[1] * n[2]
+            lambda q: self._query_distance(esdf, q), Q.lattice_points(axes, (0, 1, 2)), n[0] * n[1] * n[2]
         )
         return Q.EsdfBox(d.reshape(*n), g.reshape(*n, 3), o.reshape(*n), tuple(lo.tolist()), res)
 
@@ -912,15 +659,9 @@ class Map:
         """
         if name not in self.layers:
             raise NotFound(f"layer {name!r} is not enabled on this map (layers: {self.layers})")
-        if name == "tsdf":
-            g, d = self._tsdf.voxel_view(["tsdf", "weight"])
-            return g, {"tsdf": d["tsdf"].float(), "weight": d["weight"].float()}
-        if name == "color":
-            g, d = self._tsdf.voxel_view(["color", "color_weight"])
-            return g, {"color": d["color"], "weight": d["color_weight"].float()}
-        if name == "occupancy":
-            g, d = self._occ.voxel_view(["log_odds"])
-            return g, {"log_odds": d["log_odds"].float()}
+        for layer, _ in self._stores:
+            if name in layer.views:
+                return layer.view(name)
         return self._esdf.view()
 
     def trajectory(self, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -933,16 +674,7 @@ class Map:
         """
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             raise InvalidArgument(f"start: expected a non-negative int, got {start!r}")
-        first = max(start, self._trajectory_start)
-        i = first - self._trajectory_start
-        poses = self._poses[i:]
-        T = (
-            torch.stack([p.to(_HOST, torch.float64) for p in poses])
-            if poses
-            else torch.zeros(0, 4, 4).double()
-        )
-        versions = torch.tensor(self._pose_versions[i:], dtype=torch.int64).reshape(-1)
-        return T.to(torch.float64), versions, first
+        return self._trajectory.read(start)
 
     @property
     def mesh_version(self) -> int | None:
@@ -954,25 +686,22 @@ class Map:
         :meth:`stats` (cheap enough to poll)."""
         layers = {
             name: {"voxels": la.grid.num_voxels, "bricks": la.num_bricks, "bytes": la.nbytes}
-            for name, la in self._brick_layers()
+            for name, la in self._all_layers()
         }
-        if self._esdf is not None:
-            la = self._esdf.layer
-            layers["esdf"] = {"voxels": la.grid.num_voxels, "bricks": la.num_bricks, "bytes": la.nbytes}
         return {
             "frames_integrated": self.frames_integrated,
             "version": self.version,
             "mesh_version": self.mesh_version,
-            "trajectory_length": self._trajectory_start + len(self._poses),
+            "trajectory_length": len(self._trajectory),
             "layers": layers,
         }
 
     def bounds(self) -> dict[str, tuple[list[float], list[float]]]:
-        """Per brick layer (``tsdf``, ``occupancy``) with allocated bricks, its axis-aligned extent in metres
-        ``(min [3], max [3])`` (whole bricks)."""
+        """Per stored layer (``tsdf``, ``occupancy``, the free record ``free``) with allocated bricks, its
+        axis-aligned extent in metres ``(min [3], max [3])`` (whole bricks of the layer's voxel)."""
         out = {}
-        s4 = 4 * self.voxel_size_m
         for name, layer in self._brick_layers():
+            s4 = 4 * layer.voxel_size_m  # the free record has the ESDF's voxel
             bricks, _ = layer.brick_table()
             if bricks.shape[0]:
                 lo = (bricks.min(dim=0).values.double() * s4).tolist()
@@ -991,14 +720,10 @@ class Map:
             isinstance(max_voxels, bool) or not isinstance(max_voxels, int) or max_voxels < 1
         ):
             raise InvalidArgument(f"max_voxels: expected a positive int, got {max_voxels!r}")
-        if self._occ is not None:
-            g, d = self.layer("occupancy")
-            keep = d["log_odds"] > 0
-        elif self._tsdf is not None:
-            g, d = self.layer("tsdf")
-            keep = (d["weight"] > 0) & (d["tsdf"].abs() <= 0.5 * self.voxel_size_m)
-        else:
+        source = self._occ if self._occ is not None else self._tsdf
+        if source is None:
             return torch.zeros((0, 3), dtype=torch.float32, device=self.device), 0
+        g, keep = source.occupied()
         idx = keep.nonzero().squeeze(1)
         total = int(idx.numel())
         if max_voxels is not None and total > max_voxels:
@@ -1025,18 +750,12 @@ class Map:
     @property
     def bricks(self) -> dict[str, int]:
         """Allocated bricks (4^3 voxels) per layer, without walking the voxels."""
-        out = {name: layer.num_bricks for name, layer in self._brick_layers()}
-        if self._esdf is not None:
-            out["esdf"] = self._esdf.layer.num_bricks
-        return out
+        return {name: layer.num_bricks for name, layer in self._all_layers()}
 
     @property
     def nbytes(self) -> int:
         """Bytes the map's layers hold (voxel pools, topology, the ESDF), without walking the voxels."""
-        n = sum(layer.nbytes for _, layer in self._brick_layers())
-        if self._esdf is not None:
-            n += self._esdf.layer.nbytes
-        return n
+        return sum(layer.nbytes for _, layer in self._all_layers())
 
     def timings_ms(self) -> dict[str, float]:
         """Per-stage wall times (ms) of the last frame (and ESDF update), without the O(map) work of
@@ -1053,14 +772,7 @@ class Map:
                 "bytes": layer.nbytes,
                 "topology_bytes": layer.grid.nbytes + layer.slots.numel() * 4,
             }
-            if name == "tsdf":
-                _, slots = layer.brick_table()
-                w = (
-                    layer.pool.gather("weight", slots)
-                    if slots.numel()
-                    else torch.zeros(0, device=self.device)
-                )
-                layers[name]["observed_voxels"] = int((w > 0).sum())
+            layers[name].update(layer.extra_stats())
         if self._esdf is not None:
             layers["esdf"] = self._esdf.stats()
         return {
@@ -1071,83 +783,3 @@ class Map:
             "layers": layers,
             "timings_ms": self._timer.resolve(),
         }
-
-
-def _lattice(axes, xyz: tuple[int, int, int]):
-    """``(start, end) -> float64 [end - start, 3]``: the points of the lattice of three 1-D coordinate
-    tensors ``axes`` (C order over them) with flat indices in ``[start, end)``; column ``c`` takes its
-    coordinate from ``axes[xyz[c]]``."""
-    n1, n2 = axes[1].numel(), axes[2].numel()
-
-    def points(a: int, b: int) -> torch.Tensor:
-        idx = torch.arange(a, b, device=axes[0].device)
-        ijk = (idx // (n1 * n2), (idx // n2) % n1, idx % n2)
-        return torch.stack([axes[xyz[c]][ijk[xyz[c]]] for c in range(3)], dim=1)
-
-    return points
-
-
-def raycast_tsdf(layer, T, K, width, height, s, tau, max_range_m, chunk=1 << 16) -> Q.RaycastResult:
-    """Sphere tracing: step by the (positive) trilinear TSDF, at least half a voxel, one brick through
-    unallocated space, until the TSDF changes sign; the hit is the linear zero crossing."""
-    dev = T.device
-    u = torch.arange(width, device=dev, dtype=torch.float64)
-    vv = torch.arange(height, device=dev, dtype=torch.float64)
-    gv, gu = torch.meshgrid(vv, u, indexing="ij")
-    x = (gu - K[0, 2]) / K[0, 0]
-    y = (gv - K[1, 2]) / K[1, 1]
-    ray_c = torch.stack((x, y, torch.ones_like(x)), dim=-1).reshape(-1, 3)
-    znorm = torch.linalg.vector_norm(ray_c, dim=1)
-    dirs = (ray_c / znorm[:, None]) @ T[:3, :3].T
-    origin = T[:3, 3]
-    n = dirs.shape[0]
-    depth = torch.zeros(n, dtype=torch.float64, device=dev)
-    normals = torch.zeros((n, 3), dtype=torch.float64, device=dev)
-    max_steps = int(max_range_m / (0.5 * s)) + 2
-    for c0 in range(0, n, chunk):
-        idx = torch.arange(c0, min(c0 + chunk, n), device=dev)
-        t = torch.full((idx.numel(),), 0.5 * s, dtype=torch.float64, device=dev)
-        prev_t = t.clone()
-        prev_v = torch.full_like(t, float("nan"))
-        for _ in range(max_steps):
-            if idx.numel() == 0:
-                break
-            p = origin + dirs[idx] * t[:, None]
-            _, frac, ok, vals, present = Q.gather_corners(layer, p, s, ["tsdf", "weight"], [0.0, 0.0])
-            obs = (present & (vals["weight"] > 0)).all(dim=1) & ok
-            val, _ = Q.masked_trilinear(vals["tsdf"], frac, obs, s)
-            val = val.to(torch.float64)
-            hit = obs & (val <= 0) & torch.isfinite(prev_v) & (prev_v > 0)
-            if bool(hit.any()):
-                hi = hit.nonzero().squeeze(1)
-                th = prev_t[hi] + (t[hi] - prev_t[hi]) * prev_v[hi] / (prev_v[hi] - val[hi])
-                ph = origin + dirs[idx[hi]] * th[:, None]
-                _, fr2, _, v2, _ = Q.gather_corners(layer, ph, s, ["tsdf"], [0.0])
-                _, grad = Q.trilinear(v2["tsdf"].to(torch.float64), fr2, s)
-                nrm = grad / torch.linalg.vector_norm(grad, dim=1, keepdim=True).clamp(min=1e-12)
-                depth[idx[hi]] = th / znorm[idx[hi]]
-                normals[idx[hi]] = nrm
-            any_alloc = present.any(dim=1)
-            step = torch.where(
-                obs & (val > 0),
-                (0.8 * val).clamp(min=0.5 * s, max=tau),
-                torch.where(any_alloc, torch.full_like(t, 0.5 * s), torch.full_like(t, 2.0 * s)),
-            )
-            prev_t = torch.where(obs, t, prev_t)
-            prev_v = torch.where(obs, val, torch.where(any_alloc, prev_v, torch.full_like(val, float("nan"))))
-            t = t + step
-            live = ~hit & (t < max_range_m)
-            idx, t, prev_t, prev_v = idx[live], t[live], prev_t[live], prev_v[live]
-    return Q.RaycastResult(
-        depth.reshape(height, width).to(torch.float32), normals.reshape(height, width, 3).to(torch.float32)
-    )
-
-
-def _compact_dirty(parts: list[torch.Tensor]) -> list[torch.Tensor]:
-    """``parts`` (int64 ``[B, 3]`` bricks, duplicates allowed) as at most one tensor of unique rows once
-    they hold more than ``DIRTY_COMPACT_ROWS`` rows and twice the rows of the last merge (its result is
-    the first part): the pending rows stay within ~2x the distinct bricks, at an amortised O(1) per row."""
-    rows = sum(int(t.shape[0]) for t in parts)
-    if rows <= max(DIRTY_COMPACT_ROWS, 2 * (int(parts[0].shape[0]) if parts else 0)):
-        return parts
-    return [keys_to_ijk(torch.unique(voxel_keys(torch.cat(parts))))]

@@ -213,10 +213,10 @@ def case_table() -> tuple[np.ndarray, np.ndarray]:
 # keys
 
 _BLOCK_BITS, _BLOCK_BIAS = BLOCK_BITS, BLOCK_BIAS
-_IJ_BITS, _K_BITS = IJ_BITS, K_BITS  # the edge key layout lives in mapper.kernels.marching
+_IJ_BITS, _K_BITS = IJ_BITS, K_BITS  # the edge key layout lives in mapper.kernels.keys
 _IJ_BIAS, _K_BIAS = IJ_BIAS, K_BIAS
-VOXEL_RANGE_IJ = (-(1 << 20), 1 << 20)  # lattice points edge keys can hold, per axis: [lo, hi)
-VOXEL_RANGE_K = (-(1 << 19), 1 << 19)
+VOXEL_RANGE_IJ = (-IJ_BIAS, IJ_BIAS)  # lattice points edge keys can hold, per axis: [lo, hi)
+VOXEL_RANGE_K = (-K_BIAS, K_BIAS)
 
 
 def block_keys(blocks: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """Point queries on map layers: trilinear interpolation with the gradient of the interpolant, nearest-voxel
-occupancy, dense slices and boxes of the ESDF, and ray casting of the TSDF.
+occupancy, dense slices and boxes of the ESDF (ray casting of the TSDF: :mod:`mapper.raycast`).
 
 Unknown is never reported as free or as a distance: a trilinear value needs all 8 corner voxels observed,
 otherwise ``observed`` is False and the value NaN; occupancy reports -1 for never-observed voxels.
@@ -15,6 +15,8 @@ import torch
 
 from .errors import InvalidArgument
 from .integrators.common import check_points
+from .kernels.dispatch import use_triton
+from .kernels.keys import COORD_LIMIT_VOX
 from .layers import BrickLayer
 
 _CORNERS: dict[torch.device, torch.Tensor] = {}
@@ -45,7 +47,7 @@ def voxel_of(points: torch.Tensor, s: float) -> tuple[torch.Tensor, torch.Tensor
     """(int64 voxel coordinates, bool finite-and-in-range) of float64 points."""
     ok = torch.isfinite(points).all(dim=1)
     q = torch.where(ok[:, None], points / s, torch.zeros_like(points))
-    ok &= (q.abs() < (1 << 20) - 8).all(dim=1)
+    ok &= (q.abs() < COORD_LIMIT_VOX).all(dim=1)
     q = torch.where(ok[:, None], q, torch.zeros_like(q))
     return torch.floor(q).to(torch.int64), ok
 
@@ -85,7 +87,7 @@ def trilinear(values: torch.Tensor, frac: torch.Tensor, s: float) -> tuple[torch
 def _corner_voxels(points: torch.Tensor, s: float):
     ok = torch.isfinite(points).all(dim=1)
     q = torch.where(ok[:, None], points / s - 0.5, torch.zeros_like(points))
-    ok &= (q.abs() < (1 << 20) - 8).all(dim=1)
+    ok &= (q.abs() < COORD_LIMIT_VOX).all(dim=1)
     q = torch.where(ok[:, None], q, torch.zeros_like(q))
     base = torch.floor(q)
     frac = q - base
@@ -115,6 +117,96 @@ def masked_trilinear(values: torch.Tensor, frac: torch.Tensor, observed: torch.T
     val = torch.where(observed, val, torch.full_like(val, float("nan")))
     grad = torch.where(observed[:, None], grad, torch.zeros_like(grad))
     return val.to(torch.float32), grad.to(torch.float32)
+
+
+# --------------------------------------------------------------------------------------- point queries
+def tsdf_at(layer: BrickLayer, p: torch.Tensor, s: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Trilinear TSDF of ``layer`` (voxel ``s`` metres) at float64 ``[M, 3]`` points: (tsdf float32 ``[M]``
+    metres, NaN where a corner voxel is unobserved; weight float32 ``[M]``, 0 there)."""
+    _, frac, ok, vals, present = gather_corners(layer, p, s, ["tsdf", "weight"], [0.0, 0.0])
+    obs = (present & (vals["weight"] > 0)).all(dim=1) & ok
+    t, _ = masked_trilinear(vals["tsdf"], frac, obs, s)
+    w, _ = masked_trilinear(vals["weight"], frac, obs, s)
+    return t, torch.nan_to_num(w, nan=0.0)
+
+
+def occupancy_at(layer: BrickLayer, p: torch.Tensor, s: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Occupancy of the voxel holding each float64 ``[M, 3]`` point: (state int8 ``[M]``: -1 unknown, 0 free,
+    1 occupied; probability float32 ``[M]``, 0.5 where unknown)."""
+    ijk, ok = voxel_of(p, s)
+    (lo,), present = gather_voxels(layer, ijk, ["log_odds"], [float("nan")])
+    known = ok & present & ~torch.isnan(lo)
+    state = torch.where(known, torch.where(lo > 0, 1, 0), -1).to(torch.int8)
+    prob = torch.where(known, torch.sigmoid(torch.nan_to_num(lo)), torch.full_like(lo, 0.5))
+    return state, prob
+
+
+def distance_at(
+    esdf: BrickLayer,
+    p: torch.Tensor,
+    s: float,
+    max_distance_m: float,
+    tsdf: BrickLayer | None = None,
+    occupancy: BrickLayer | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Signed distance of the ESDF layer ``esdf`` (voxel ``s``) at float64 ``[M, 3]`` points, trilinear:
+    (distance float32 ``[M]`` metres, NaN where unknown; gradient float32 ``[M, 3]``; observed bool ``[M]``).
+    A corner voxel absent from the layer holds ``max_distance_m`` and counts as observed where ``tsdf``
+    (weight > 0) or ``occupancy`` (log-odds not NaN) saw it (layers at the ESDF's voxel, or None).
+    One fused Triton launch on CUDA (``mapper.kernels.triton_query``), :func:`distance_at_torch` elsewhere."""
+    if use_triton(p.device):
+        from .kernels.triton_query import distance_launch
+
+        ev = esdf.kernel_view(("esdf", "observed"))
+        if ev is not None:
+            tv = None if tsdf is None else tsdf.kernel_view(("weight",))
+            ov = None if occupancy is None else occupancy.kernel_view(("log_odds",))
+            return distance_launch(p, s, max_distance_m, ev, tv, ov)
+    return distance_at_torch(esdf, p, s, max_distance_m, tsdf, occupancy)
+
+
+def distance_at_torch(
+    esdf: BrickLayer,
+    p: torch.Tensor,
+    s: float,
+    max_distance_m: float,
+    tsdf: BrickLayer | None = None,
+    occupancy: BrickLayer | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The torch reference of :func:`distance_at` (same Args/Returns)."""
+    md = max_distance_m
+    ijk, frac, ok, vals, present = gather_corners(esdf, p, s, ["esdf", "observed"], [md, 0.0])
+    d = vals["esdf"]
+    obs = present & (vals["observed"] > 0)
+    absent = ~present
+    if bool(absent.any()):
+        a_ijk = ijk[absent]
+        seen = torch.zeros(a_ijk.shape[0], dtype=torch.bool, device=p.device)
+        if tsdf is not None:
+            (w,), pr = gather_voxels(tsdf, a_ijk, ["weight"], [0.0])
+            seen |= pr & (w > 0)
+        if occupancy is not None:
+            (lo,), pr = gather_voxels(occupancy, a_ijk, ["log_odds"], [float("nan")])
+            seen |= pr & ~torch.isnan(lo)
+        obs[absent] = seen
+        d[absent] = md
+    all_obs = obs.all(dim=1) & ok
+    dist, grad = masked_trilinear(d, frac, all_obs, s)
+    return dist, grad, all_obs
+
+
+def lattice_points(axes, xyz: tuple[int, int, int]):
+    """``(start, end) -> float64 [end - start, 3]``: the points of the lattice of three 1-D coordinate
+    tensors ``axes`` (C order over them) with flat indices in ``[start, end)``; column ``c`` takes its
+    coordinate from ``axes[xyz[c]]`` (so a slice or box never holds all its points at once)."""
+    n1, n2 = axes[1].numel(), axes[2].numel()
+
+    def points(a: int, b: int) -> torch.Tensor:
+        idx = torch.arange(a, b, device=axes[0].device)
+        ijk = (idx // (n1 * n2), (idx // n2) % n1, idx % n2)
+        return torch.stack([axes[xyz[c]][ijk[xyz[c]]] for c in range(3)], dim=1)
+
+    return points
 
 
 @dataclass

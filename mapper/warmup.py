@@ -13,7 +13,11 @@ every configuration it restores and for its default one before ``/readyz`` repor
 Where no Triton kernel runs (CPU without ``TRITON_INTERPRET``, ``MAPPER_KERNELS=torch``), nothing is done.
 The coarse ray walk's loop bound is a power-of-two bucket of the longest ray's brick count (a constexpr):
 its variants are compiled for every bucket a ray up to the map's ``max_range_m`` can reach, at each cell
-size the map walks (:func:`_coarse_buckets`). Other size-dependent variants, if any, compile on first use.
+size the map walks (:func:`_coarse_buckets`). Kernels whose integer sizes Triton specialises (``== 1``,
+``% 16 == 0``) are launched once per class (:func:`_envelope_variants`); the frame-path kernels take their
+sizes unspecialised. ``tests/test_warmup_variants.py`` checks that frames after the warm-up launch no
+variant it did not (on the CPU, from the launches' specialisation keys; on a GPU, from Triton's compile
+hook).
 """
 
 from __future__ import annotations
@@ -126,6 +130,21 @@ def _coarse_buckets(m, dev: torch.device) -> None:
                 length *= 2.0
 
 
+ENVELOPE_LINES = (1, 16, 17)  # Triton's integer specialisations: == 1, % 16 == 0, neither
+
+
+def _envelope_variants(dev: torch.device) -> None:
+    """The ESDF's lower-envelope kernel once per specialisation of its line count (``n_lines`` is a
+    specialised integer: a tiny warm-up scene gives one residue, real frames meet the others; on the H200
+    these compiled in frames 1 and 3 of a new map, 0.9-1.4 s each)."""
+    from .kernels.envelope import lower_envelope
+
+    for n in ENVELOPE_LINES:
+        f = torch.arange(4 * n, dtype=torch.float32, device=dev) % 5
+        start = torch.arange(n, dtype=torch.int64, device=dev) * 4
+        lower_envelope(f, start, torch.full((n,), 4, dtype=torch.int64, device=dev))
+
+
 def _run(config: dict, dev: torch.device, sizes) -> None:
     """The frame path at each scan size in ``sizes`` (azimuth columns x 16 beams; two sizes give the
     kernels' integer arguments other residues mod 16), then the coarse walk's buckets."""
@@ -167,5 +186,7 @@ def _run(config: dict, dev: torch.device, sizes) -> None:
         if "occupancy" in m.layers:
             m.query_occupancy(q)
     _coarse_buckets(m, dev)
+    if m._esdf is not None:
+        _envelope_variants(dev)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

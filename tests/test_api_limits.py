@@ -407,7 +407,8 @@ def test_keep_radius_frees_bricks_outside_the_latest_pose():
         assert bool((_brick_far(allb, origin, 1.0) > r).any())  # the policy had work to do
         # the last frame's bricks inside the radius are all there (it was integrated after the clearing)
         kset = {tuple(b) for b in kept.tolist()}
-        last = {tuple(b) for b in fb.last_bricks.tolist()} & {tuple(b) for b in inside.tolist()}
+        last_frame = full._last_updated[name]  # what the last frame's integrator returned
+        last = {tuple(b) for b in last_frame.tolist()} & {tuple(b) for b in inside.tolist()}
         assert last <= kset
     assert keep.config()["keep_radius_m"] == r
     assert keep.nbytes < full.nbytes

@@ -32,7 +32,7 @@ def write_tsdf(m: Map, sdf_fn, lo, hi):
     d = sdf_fn(centres.reshape(-1, 3)).reshape(-1, 64).clamp(-tau, tau)
     layer.pool.scatter("tsdf", slots, d)
     layer.pool.scatter("weight", slots, torch.ones_like(d))
-    m._dirty_bricks.append(bricks)
+    m._surface_queue.push(bricks)
     m.version += 1
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mapper import Map, sim
+from mapper import queries as Q
 
 
 def _small_pages(m: Map) -> None:
@@ -53,7 +54,7 @@ def test_distance_kernel_matches_torch(device, backend, scans):
     # the API takes points as float32 (check_points); the torch path is handed the same values
     pts = torch.cat((p, centres, faces, near_cam, bad.double())).float().double().to(device)
     d1, g1, o1 = m.query_distance(pts)
-    d2, g2, o2 = m._query_distance_torch(m._esdf, pts)
+    d2, g2, o2 = Q.distance_at_torch(m._esdf.layer, pts, 0.25, 0.5, m._tsdf, m._occ)
     assert torch.equal(o1, o2)
     assert 30 < int(o1.sum()) < o1.numel() - 30  # both known and unknown points
     assert not bool(o1[-4:].any())

@@ -12,13 +12,20 @@ import torch
 from .._validation import as_tensor, check_pinhole
 from ..errors import InvalidArgument, InvalidArgumentType
 from ..kernels.chunks import row_slices
-from ..kernels.dda import dda_torch, dda_triton
-from ..kernels.dispatch import use_triton
+from ..kernels.dda import dda  # noqa: F401 (re-exported: the integrators' traversal)
+from ..kernels.keys import (  # noqa: F401 (re-exported: the integrators' keys)
+    VOXEL_KEY_BIAS,
+    VOXEL_KEY_BITS,
+    VOXEL_KEY_LIMIT,
+    in_key_range,
+    keys_to_ijk,
+    voxel_keys,
+)
 
-# voxel keys for aggregation: 21 bits per axis, biased (voxel coordinates within +-2^20 of the origin)
-KEY_BITS = 21
-KEY_BIAS = 1 << 20
-KEY_LIMIT = 1 << 20
+# voxel keys for aggregation (mapper.kernels.keys owns the format; the names are re-exported here)
+KEY_BITS = VOXEL_KEY_BITS
+KEY_BIAS = VOXEL_KEY_BIAS
+KEY_LIMIT = VOXEL_KEY_LIMIT
 
 
 # ------------------------------------------------------------------------------------------- checks
@@ -90,22 +97,6 @@ def check_color(name: str, color, shape: tuple[int, int], device: torch.device) 
     return t.to(device)
 
 
-# --------------------------------------------------------------------------------------- keys
-def voxel_keys(ijk: torch.Tensor) -> torch.Tensor:
-    """int64 keys of int64 ``[M, 3]`` voxels with ``|v| < 2^20`` (callers filter with ``in_key_range``)."""
-    b = ijk + KEY_BIAS
-    return (b[:, 0] << (2 * KEY_BITS)) | (b[:, 1] << KEY_BITS) | b[:, 2]
-
-
-def keys_to_ijk(keys: torch.Tensor) -> torch.Tensor:
-    m = (1 << KEY_BITS) - 1
-    return torch.stack(((keys >> (2 * KEY_BITS)) & m, (keys >> KEY_BITS) & m, keys & m), dim=1) - KEY_BIAS
-
-
-def in_key_range(ijk: torch.Tensor) -> torch.Tensor:
-    return ((ijk >= -KEY_LIMIT + 8) & (ijk < KEY_LIMIT - 8)).all(dim=-1)
-
-
 def unique_voxels(ijk: torch.Tensor, max_dense_cells: int = 1 << 26) -> torch.Tensor:
     """Sorted-by-key unique rows of int64 ``[M, 3]`` voxel/brick coordinates.
 
@@ -145,15 +136,6 @@ def aggregate(ijk: torch.Tensor, values: torch.Tensor, weights: torch.Tensor | N
 def max_dda_steps(segment_length: float, cell: float) -> int:
     """Upper bound on the cells a segment crosses (3 axes x crossings + the start cell)."""
     return 3 * (math.ceil(segment_length / cell) + 1) + 1
-
-
-def dda(
-    origins: torch.Tensor, dirs: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, cell: float, max_steps: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Cells crossed by ray segments (see :func:`mapper.kernels.dda.dda_torch`); Triton on CUDA."""
-    if origins.shape[0] and use_triton(origins.device):
-        return dda_triton(origins, dirs, t0, t1, cell, max_steps)
-    return dda_torch(origins, dirs, t0, t1, cell, max_steps)
 
 
 def chunked_rays(n: int, device: torch.device, rows: int = 1 << 15):

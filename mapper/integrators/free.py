@@ -26,7 +26,9 @@ import torch
 
 from ..kernels.segments import MISS, FrameSegments, walk_segments
 from ..layers import BrickLayer, FieldSpec
+from .base import DepthFrame, LidarFrame, no_timer
 from .occupancy import OccupancyConfig, occupancy_fields
+from .tsdf import pixel_rays
 
 FREE_MISS = OccupancyConfig(1.0).l_miss  # log-odds added per frame a ray crosses the voxel
 FREE_CLAMP = OccupancyConfig(1.0).clamp_min
@@ -89,3 +91,44 @@ def integrate_free(
     new = (torch.nan_to_num(lo, nan=0.0) + FREE_MISS).clamp(min=FREE_CLAMP)
     layer.pool.scatter("log_odds", slots, torch.where(crossed, new, lo))
     return bricks[(crossed & torch.isnan(lo)).any(dim=1)]
+
+
+# ------------------------------------------------------------------------------------------ integrator
+class FreeSpaceIntegrator:
+    """Observed free-space carving into the free record (the :class:`mapper.integrators.base.Integrator`
+    contract): every ray of a LiDAR frame, every ``stride``-th pixel (both directions, see
+    :func:`depth_stride`) of a depth frame, walked from the sensor to ``range - gap`` (:func:`free_gap`).
+
+    Args:
+        voxel_size_m: the record's voxel (the ESDF's).
+        tau_m: the TSDF truncation (0 without a TSDF).
+    Returns of :meth:`integrate`: the bricks in which a voxel became known (what the ESDF must see).
+    """
+
+    def __init__(self, voxel_size_m: float, tau_m: float):
+        self.voxel_size_m = float(voxel_size_m)
+        self.gap_m = free_gap(tau_m, self.voxel_size_m)
+
+    def integrate(self, frame: LidarFrame | DepthFrame, layer: BrickLayer, timer=no_timer) -> torch.Tensor:
+        with timer("free"):
+            if isinstance(frame, DepthFrame):
+                origin, dirs, rng = self._depth_rays(frame)
+            else:
+                origin, dirs, rng = frame.rays()
+            return integrate_free(layer, origin, dirs, rng - self.gap_m, self.voxel_size_m)
+
+    def _depth_rays(self, frame: DepthFrame):
+        """The rays of every st-th pixel of every st-th row, ``st`` as :func:`depth_stride` computed on the
+        device (the same float64 arithmetic; no host sync)."""
+        depth, K = frame.depth_m, frame.K
+        d = depth.reshape(-1)
+        ok = torch.isfinite(d) & (d > 0) & (d <= frame.max_range_m)
+        z_max = torch.where(ok, d, torch.zeros_like(d)).max().to(torch.float64)
+        f_min = K[:2, :2].diagonal().min()
+        st = torch.floor(0.5 * self.voxel_size_m * f_min / z_max).clamp(min=1).to(torch.int64)
+        h, w = depth.shape
+        rows = torch.arange(h, device=depth.device)[:, None] % st == 0
+        sub = rows & (torch.arange(w, device=depth.device)[None, :] % st == 0)
+        sparse = torch.where(sub, depth, torch.zeros_like(depth))
+        _, origin, dirs, rng = pixel_rays(sparse, K, frame.T_world_sensor, frame.max_range_m)
+        return origin, dirs, rng

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.segments import MISS, FrameSegments, brick_keys, walk_segments
+from ..layer_kinds import OccupancyLayer
 from ..layers import BrickLayer, FieldSpec, brick_offsets
+from .base import DepthFrame, LidarFrame, no_timer
 from .common import dda, in_key_range, keys_to_ijk, max_dda_steps, unique_voxels, voxel_keys
-from .tsdf import _slots_of
+from .tsdf import _slots_of, pixel_rays
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,8 @@ class OccupancyConfig:
 
 
 def occupancy_fields() -> dict[str, FieldSpec]:
-    return {"log_odds": FieldSpec(torch.float16, (), float("nan"))}
+    """Per-voxel storage (:meth:`mapper.layer_kinds.OccupancyLayer.field_specs`)."""
+    return OccupancyLayer.field_specs()
 
 
 def ray_voxels(origin: torch.Tensor, dirs: torch.Tensor, length: torch.Tensor, hit: torch.Tensor, s: float):
@@ -87,12 +90,12 @@ def integrate_rays(
     hit: torch.Tensor,
     cfg: OccupancyConfig,
     timer,
-) -> int:
+) -> torch.Tensor:
     """Carve rays from ``origin`` (float64 ``[3]``) along unit ``dirs`` (``[R, 3]``) up to ``length``
-    (``[R]``); rays with ``hit`` end in an occupied voxel. Returns the number of bricks updated."""
+    (``[R]``); rays with ``hit`` end in an occupied voxel. Returns the bricks updated (int64 ``[B, 3]``)."""
     n = dirs.shape[0]
     if n == 0:
-        return 0
+        return torch.zeros((0, 3), dtype=torch.int64, device=dirs.device)
     s = cfg.voxel_size_m
     dev = dirs.device
     with timer("grow"):
@@ -104,7 +107,7 @@ def integrate_rays(
         bricks, (end_rank,) = frame.bricks, frame.extra_ranks
         u = bricks.shape[0]
         if u == 0:
-            return 0
+            return bricks
         flags = torch.zeros(u * 64 + 1, dtype=torch.uint8, device=dev)  # + a sink for rays without a hit
         for seg_ray, seg_rank in frame.segments():
             walk_segments(MISS, o, dirs, zero, length, None, seg_ray, seg_rank, bricks, s, (flags,))
@@ -118,7 +121,7 @@ def integrate_rays(
         step = (1 << 13) if dev.type == "cpu" else (1 << 16)
         for c0 in range(0, u, step):
             apply_flags(layer, slots[c0 : c0 + step], flags[c0 : c0 + step], cfg)
-    return u
+    return bricks
 
 
 def apply_flags(layer: BrickLayer, slots: torch.Tensor, flags: torch.Tensor, cfg: OccupancyConfig) -> None:
@@ -160,3 +163,21 @@ def _integrate_rays_reference(
         delta = torch.where(any_hit, torch.full_like(lo, cfg.l_hit), torch.full_like(lo, cfg.l_miss))
         layer.pool.scatter("log_odds", slot, (lo + delta).clamp(cfg.clamp_min, cfg.clamp_max), off)
     return int(vox.shape[0])
+
+
+# ------------------------------------------------------------------------------------------ integrator
+class OccupancyIntegrator:
+    """The occupancy integrator (the :class:`mapper.integrators.base.Integrator` contract): every ray of
+    the frame ends in a return (:func:`integrate_rays`; a depth image's valid pixels, a scan's returns)."""
+
+    def __init__(self, config: OccupancyConfig):
+        self.config = config
+
+    def integrate(self, frame: LidarFrame | DepthFrame, layer: BrickLayer, timer=no_timer) -> torch.Tensor:
+        """Carve ``frame`` into ``layer``; returns the bricks updated (int64 ``[B, 3]``)."""
+        if isinstance(frame, DepthFrame):
+            _, origin, dirs, rng = pixel_rays(frame.depth_m, frame.K, frame.T_world_sensor, frame.max_range_m)
+        else:
+            origin, dirs, rng = frame.rays()
+        hit = torch.ones_like(rng, dtype=torch.bool)
+        return integrate_rays(layer, origin, dirs, rng, hit, self.config, timer)

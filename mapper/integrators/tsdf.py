@@ -23,10 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.dispatch import use_triton
+from ..kernels.dispatch import kernel
 from ..kernels.normals import scan_normals
 from ..kernels.segments import BAND, FrameSegments, walk_segments
+from ..layer_kinds import TsdfLayer
 from ..layers import BrickLayer, FieldSpec, brick_local_coords, brick_offsets
+from .base import DepthFrame, LidarFrame, no_timer
 from .common import (
     chunked_rays,
     dda,
@@ -102,12 +104,12 @@ def lidar_rays(origin: torch.Tensor, points_w: torch.Tensor, cfg: TsdfConfig):
 
 
 def tsdf_fields(cfg: TsdfConfig) -> dict[str, FieldSpec]:
-    """Per-voxel storage: fp16 tsdf (metres) and weight (4 B/voxel); colour adds uint8 RGB + fp16 weight."""
-    f = {"tsdf": FieldSpec(torch.float16, (), 0.0), "weight": FieldSpec(torch.float16, (), 0.0)}
-    if cfg.with_color:
-        f["color"] = FieldSpec(torch.uint8, (3,), 0)
-        f["color_weight"] = FieldSpec(torch.float16, (), 0.0)
-    return f
+    """Per-voxel storage of the TSDF layer (:meth:`mapper.layer_kinds.TsdfLayer.field_specs`)."""
+    return TsdfLayer.field_specs(cfg.with_color)
+
+
+def _no_bricks(device: torch.device) -> torch.Tensor:
+    return torch.zeros((0, 3), dtype=torch.int64, device=device)
 
 
 # ---------------------------------------------------------------------------------------------- grow
@@ -227,12 +229,14 @@ def update_bricks(layer: BrickLayer, slots: torch.Tensor, obs_sum: torch.Tensor,
     layer.pool.scatter("weight", slots, wn.clamp(max=cfg.max_weight))
 
 
-def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Tensor, cfg: TsdfConfig, timer):
-    """One LiDAR frame (world points, float64 origin ``[3]``) into a TSDF layer; returns the number of
-    bricks updated."""
+def integrate_lidar(
+    layer: BrickLayer, origin: torch.Tensor, points_w: torch.Tensor, cfg: TsdfConfig, timer
+) -> torch.Tensor:
+    """One LiDAR frame (world points, float64 origin ``[3]``) into a TSDF layer; returns the bricks updated
+    (int64 ``[B, 3]``)."""
     n = points_w.shape[0]
     if n == 0:
-        return 0
+        return _no_bricks(points_w.device)
     s, tau = cfg.voxel_size_m, cfg.tau
     dev = points_w.device
     if cfg.lidar_normals:
@@ -246,7 +250,7 @@ def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Ten
         bricks = frame.bricks
         u = bricks.shape[0]
         if u == 0:
-            return 0
+            return bricks
         sdf_sum = torch.zeros(u * 64, dtype=torch.float32, device=dev)
         w_sum = torch.zeros(u * 64, dtype=torch.float32, device=dev)
         for seg_ray, seg_rank in frame.segments():
@@ -258,7 +262,7 @@ def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Ten
         sdf_sum, w_sum = sdf_sum.view(u, 64), w_sum.view(u, 64)
         keep = (w_sum > 0).any(dim=1).nonzero().squeeze(1)  # bricks with samples (sync: their count)
         if keep.numel() == 0:
-            return 0
+            return _no_bricks(dev)
         if keep.numel() < u:
             bricks = bricks[keep]
     with timer("merge"):
@@ -270,7 +274,7 @@ def integrate_lidar(layer: BrickLayer, origin: torch.Tensor, points_w: torch.Ten
             sl = slice(c0, c0 + step)
             rows = sl if all_kept else keep[sl]
             update_bricks(layer, slots[sl], sdf_sum[rows], w_sum[rows], cfg)
-    return int(keep.numel())
+    return bricks
 
 
 def _integrate_lidar_reference(layer: BrickLayer, origin, points_w, cfg: TsdfConfig, timer):
@@ -297,26 +301,28 @@ def integrate_depth(
     cfg: TsdfConfig,
     max_range_m: float,
     timer,
-) -> int | torch.Tensor:
-    """One depth frame (metres, 0 = no return) into a TSDF layer (and its colour fields); returns the voxels
-    updated (see :func:`_project_update`)."""
+) -> torch.Tensor:
+    """One depth frame (metres, 0 = no return) into a TSDF layer (and its colour fields); returns the bricks
+    updated (int64 ``[B, 3]``: those of the pixels' truncation bands)."""
     with timer("grow"):
         bricks = depth_band_bricks(depth, K, T, cfg, max_range_m)
         if bricks.shape[0] == 0:
-            return 0
+            return bricks
     with timer("merge"):
         slots = layer.allocate(bricks)
     with timer("update"):
-        return _project_update(layer, bricks, slots, depth, K, T, color, cfg, max_range_m)
+        _project_update(layer, bricks, slots, depth, K, T, color, cfg, max_range_m)
+    return bricks
 
 
 def _project_update(layer, bricks, slots, depth, K, T, color, cfg, max_range_m) -> int | torch.Tensor:
     """Projective update of every voxel of the frame's bricks; returns the voxels updated (an int, or on the
     Triton path a 0-dim device tensor, so the frame needs no host sync for it): one Triton launch on CUDA
     (``mapper.kernels.triton_project``), the torch reference elsewhere."""
-    if use_triton(depth.device) and layer.pool.capacity > 0:
-        return _project_update_triton(layer, bricks, slots, depth, K, T, color, cfg, max_range_m)
-    return _project_update_torch(layer, bricks, slots, depth, K, T, color, cfg, max_range_m)
+    impl = _project_update_torch
+    if layer.pool.capacity > 0:
+        impl = kernel(depth.device, _project_update_torch, _project_update_triton)
+    return impl(layer, bricks, slots, depth, K, T, color, cfg, max_range_m)
 
 
 def _project_update_triton(layer, bricks, slots, depth, K, T, color, cfg, max_range_m) -> torch.Tensor:
@@ -369,3 +375,22 @@ def _project_update_torch(layer, bricks, slots, depth, K, T, color, cfg, max_ran
                 layer.pool.scatter("color", cs, c_new.round().clamp(0, 255).to(torch.uint8), co)
                 layer.pool.scatter("color_weight", cs, wn.clamp(max=cfg.max_weight), co)
     return updated
+
+
+# ------------------------------------------------------------------------------------------ integrator
+class TsdfIntegrator:
+    """The TSDF integrator (the :class:`mapper.integrators.base.Integrator` contract): projective for a
+    :class:`DepthFrame` (:func:`integrate_depth`), along the ray / the scan's normals for a
+    :class:`LidarFrame` (:func:`integrate_lidar`)."""
+
+    def __init__(self, config: TsdfConfig):
+        self.config = config
+
+    def integrate(self, frame: LidarFrame | DepthFrame, layer: BrickLayer, timer=no_timer) -> torch.Tensor:
+        """Fuse ``frame`` into ``layer``; returns the bricks updated (int64 ``[B, 3]``)."""
+        if isinstance(frame, DepthFrame):
+            return integrate_depth(
+                layer, frame.depth_m, frame.K, frame.T_world_sensor, frame.color, self.config,
+                frame.max_range_m, timer,
+            )  # fmt: skip
+        return integrate_lidar(layer, frame.origin, frame.points_world, self.config, timer)

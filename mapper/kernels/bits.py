@@ -41,13 +41,11 @@ def popcount64(x: torch.Tensor) -> torch.Tensor:
 
 def leaf_counts(masks: torch.Tensor) -> torch.Tensor:
     """Active voxels per leaf: int64 ``[L]`` from int64 ``[L, 8]`` masks."""
-    from .dispatch import use_triton
+    from .dispatch import kernel
 
-    if masks.shape[0] and use_triton(masks.device):
-        from .triton_ops import leaf_counts_triton
-
-        return leaf_counts_triton(masks)
-    return leaf_counts_torch(masks)
+    if masks.shape[0] == 0:
+        return leaf_counts_torch(masks)
+    return kernel(masks.device, leaf_counts_torch, "triton_ops:leaf_counts_triton")(masks)
 
 
 def leaf_counts_torch(masks: torch.Tensor) -> torch.Tensor:

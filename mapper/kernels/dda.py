@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from .dispatch import kernel
+
 
 def dda_torch(
     origins: torch.Tensor, dirs: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, cell: float, max_steps: int
@@ -55,3 +57,12 @@ def dda_triton(
     from .triton_dda import dda_kernel_launch
 
     return dda_kernel_launch(origins, dirs, t0, t1, cell, max_steps)
+
+
+def dda(
+    origins: torch.Tensor, dirs: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, cell: float, max_steps: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`dda_torch`, or :func:`dda_triton` where Triton runs (same Args/Returns)."""
+    if origins.shape[0] == 0:
+        return dda_torch(origins, dirs, t0, t1, cell, max_steps)
+    return kernel(origins.device, dda_torch, dda_triton)(origins, dirs, t0, t1, cell, max_steps)

@@ -33,7 +33,7 @@ two implementations differ: the kernel walks a pointer, the reference searches t
   host step per slot of the longest line of a group to build the envelopes, then one search); the CPU
   path.
 * :func:`mapper.kernels.triton_envelope.lower_envelope_triton` - one Triton program per 32 lines.
-* :func:`lower_envelope` - dispatch (``mapper.kernels.dispatch.use_triton``).
+* :func:`lower_envelope` - dispatch (``mapper.kernels.dispatch.kernel``).
 * :func:`window_min_torch` - the same minimum over the slots within ``window`` of ``p`` only (min-plus
   rounds, ``O(length * window)``, a few large vectorised ops per round: on the CPU cheaper than the
   envelope's host loop while the window is short).
@@ -49,7 +49,7 @@ import math
 import torch
 
 from ..errors import InvalidArgument, InvalidArgumentType
-from .dispatch import use_triton
+from .dispatch import kernel, triton_twin, use_triton
 
 BATCH_SLOTS = 1 << 18  # slots per batch of lines in the torch reference (its temporaries: ~100 B a slot)
 # The torch envelope costs about as much per slot as this many min-plus pairs (p, p + d) per slot, or more
@@ -82,11 +82,7 @@ def lower_envelope(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor) -
         float32 ``[P]`` on ``f``'s device: ``g`` on the lines' slots, ``inf`` elsewhere.
     """
     _check(f, start, length)
-    if use_triton(f.device):
-        from .triton_envelope import lower_envelope_triton
-
-        return lower_envelope_triton(f, start, length)
-    return lower_envelope_torch(f, start, length)
+    return kernel(f.device, lower_envelope_torch, "triton_envelope:lower_envelope_triton")(f, start, length)
 
 
 def lower_envelope_torch(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
@@ -262,9 +258,7 @@ def distance_pass(f: torch.Tensor, start: torch.Tensor, length: torch.Tensor, wi
     with ``d <= window``; the envelope about ``MINPLUS_PAIRS_PER_SLOT`` of them per slot."""
     _check(f, start, length)
     if use_triton(f.device):
-        from .triton_envelope import lower_envelope_triton
-
-        return lower_envelope_triton(f, start, length)
+        return triton_twin("triton_envelope:lower_envelope_triton")(f, start, length)
     # values >= (window + 1)^2 only give results >= (window + 1)^2: as inf they leave the exact results as
     # they are, and lines holding nothing below the cap are skipped whole by the min-plus form
     f = f.masked_fill(f >= float((window + 1) ** 2), math.inf)

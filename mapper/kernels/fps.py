@@ -29,7 +29,7 @@ chunk keys. Indices must fit in 32 bits (N < 2^31).
 * :func:`farthest_point_sample_triton` - the pruned algorithm as one Triton launch per sample (the GPU
   path); the argmax stays on the device (an ``atomic_max`` of chunk keys), so there is no host sync in the
   loop; on CUDA, blocks of iterations are replayed as a CUDA graph.
-* :func:`farthest_point_sample` - dispatch (``mapper.kernels.dispatch.use_triton``).
+* :func:`farthest_point_sample` - dispatch (``mapper.kernels.dispatch.kernel``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import torch
 
 from .._validation import as_tensor
 from ..errors import InvalidArgument, InvalidArgumentType
-from .dispatch import use_triton
+from .dispatch import kernel
 
 LOW32 = (1 << 32) - 1
 TORCH_CHUNK = 64  # points per chunk, torch path (CPU)
@@ -253,6 +253,11 @@ def _fps_triton(
 # dispatch
 
 
+def _fps_torch_indices(p: torch.Tensor, m: int, start: int) -> torch.Tensor:
+    """The indices of :func:`_fps_torch` (the signature of :func:`_fps_triton`)."""
+    return _fps_torch(p, m, start)[0]
+
+
 def farthest_point_sample(points: torch.Tensor, m: int, start: int = 0) -> torch.Tensor:
     """Exact farthest point sampling, pruned by chunk bounding boxes (see the module docstring).
 
@@ -265,6 +270,4 @@ def farthest_point_sample(points: torch.Tensor, m: int, start: int = 0) -> torch
     farthest from the samples so far (smallest index on ties), equal to :func:`farthest_point_sample_naive`.
     """
     p = _check(points, m, start)
-    if use_triton(p.device):
-        return _fps_triton(p, m, start)
-    return _fps_torch(p, m, start)[0]
+    return kernel(p.device, _fps_torch_indices, _fps_triton)(p, m, start)

@@ -29,17 +29,26 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .dispatch import use_triton
-from .keys import decode_leaf_keys
+from .dispatch import kernel
+from .keys import (
+    BLOCK_KEY_BIAS,
+    BLOCK_KEY_BITS,
+    EDGE_IJ_BIAS,
+    EDGE_IJ_BITS,
+    EDGE_K_BIAS,
+    EDGE_K_BITS,
+    decode_leaf_keys,
+)
 from .lookup import ijk_to_leaf_torch
+from .mesh_result import empty_result  # noqa: F401 (re-exported)
 
 CORE = 5  # cells of a brick read the local voxels [0, 5)^3 (+ one layer around them for the gradients)
 CHUNK_BRICKS = 2048
-# edge key layout (see mapper.mesh.edge_keys)
-IJ_BITS, K_BITS = 21, 20
-IJ_BIAS, K_BIAS = 1 << 20, 1 << 19
-# block key layout (see mapper.mesh.block_keys): brick i, j, k + 2^20 in 21 bits each, i major
-BLOCK_BITS, BLOCK_BIAS = 21, 1 << 20
+# edge key layout (see mapper.mesh.edge_keys) and block key layout (mapper.mesh.block_keys: brick i, j, k
+# + 2^20 in 21 bits each, i major): mapper.kernels.keys owns them
+IJ_BITS, K_BITS = EDGE_IJ_BITS, EDGE_K_BITS
+IJ_BIAS, K_BIAS = EDGE_IJ_BIAS, EDGE_K_BIAS
+BLOCK_BITS, BLOCK_BIAS = BLOCK_KEY_BITS, BLOCK_KEY_BIAS
 
 
 def nbr_index(d: np.ndarray) -> np.ndarray:
@@ -255,18 +264,6 @@ def _chunk(bricks, nbr_slots, pool, table, count, s: float, with_color: bool):
     return (ukeys, pos, nrm, col, inv.reshape(-1, 3)), face_counts
 
 
-def empty_result(m: int, device, with_color: bool):
-    z = torch.zeros
-    return (
-        z(m, dtype=torch.int64, device=device),
-        z(0, dtype=torch.int64, device=device),
-        z((0, 3), dtype=torch.float32, device=device),
-        z((0, 3), dtype=torch.float32, device=device),
-        z((0, 3), dtype=torch.uint8, device=device) if with_color else None,
-        z((0, 3), dtype=torch.int64, device=device),
-    )
-
-
 def marching_cubes_torch(
     bricks, nbr_slots, pool, tri_table, tri_count, voxel_size_m: float, with_color: bool
 ):
@@ -333,27 +330,27 @@ def changed_neighbourhood_keys_torch(changed: torch.Tensor, leaf_keys: torch.Ten
 
 
 def changed_neighbourhood_keys(changed: torch.Tensor, leaf_keys: torch.Tensor) -> torch.Tensor:
-    """See :func:`changed_neighbourhood_keys_torch`: the Triton kernel where ``use_triton``."""
-    if changed.shape[0] and use_triton(changed.device):
-        from .triton_mesh import changed_neighbourhood_keys_triton
-
-        return changed_neighbourhood_keys_triton(changed, leaf_keys)
-    return changed_neighbourhood_keys_torch(changed, leaf_keys)
+    """See :func:`changed_neighbourhood_keys_torch`; its Triton twin where Triton runs."""
+    if changed.shape[0] == 0:
+        return changed_neighbourhood_keys_torch(changed, leaf_keys)
+    impl = kernel(
+        changed.device, changed_neighbourhood_keys_torch, "triton_mesh:changed_neighbourhood_keys_triton"
+    )
+    return impl(changed, leaf_keys)
 
 
 def neighbour_slots(bricks: torch.Tensor, leaves, tiles, slot_table: torch.Tensor) -> torch.Tensor:
-    """See :func:`neighbour_slots_torch`: the Triton kernel where ``use_triton``, else the reference."""
-    if bricks.shape[0] and leaves.keys.numel() and use_triton(bricks.device):
-        from .triton_mesh import neighbour_slots_triton
-
-        return neighbour_slots_triton(bricks, leaves, tiles, slot_table)
-    return neighbour_slots_torch(bricks, leaves, tiles, slot_table)
+    """See :func:`neighbour_slots_torch`: its Triton twin where Triton runs (``dispatch.kernel``)."""
+    if bricks.shape[0] == 0 or leaves.keys.numel() == 0:
+        return neighbour_slots_torch(bricks, leaves, tiles, slot_table)
+    impl = kernel(bricks.device, neighbour_slots_torch, "triton_mesh:neighbour_slots_triton")
+    return impl(bricks, leaves, tiles, slot_table)
 
 
 def marching_cubes(bricks, nbr_slots, pool, tri_table, tri_count, voxel_size_m: float, with_color: bool):
-    """See the module docstring: the Triton kernels where ``use_triton``, else the torch reference."""
-    if bricks.shape[0] and use_triton(bricks.device):
-        from .triton_mesh import marching_cubes_triton
-
-        return marching_cubes_triton(bricks, nbr_slots, pool, tri_table, tri_count, voxel_size_m, with_color)
-    return marching_cubes_torch(bricks, nbr_slots, pool, tri_table, tri_count, voxel_size_m, with_color)
+    """See the module docstring: the Triton kernels where Triton runs (``dispatch.kernel``), else the torch
+    reference."""
+    impl = marching_cubes_torch
+    if bricks.shape[0]:
+        impl = kernel(bricks.device, marching_cubes_torch, "triton_mesh:marching_cubes_triton")
+    return impl(bricks, nbr_slots, pool, tri_table, tri_count, voxel_size_m, with_color)

@@ -15,7 +15,7 @@ nearest candidate (approximate, as KISS-ICP's search).
 Two implementations with one signature: :func:`nearest_in_voxel_map_torch` (the reference, CPU path:
 chunked gathers of the candidates, compacted to the voxels that exist) and
 :func:`nearest_in_voxel_map_triton` (``triton_nn.py``: one program per block of queries looping over the
-candidate voxels), dispatched by :func:`nearest_in_voxel_map` through ``dispatch.use_triton``.
+candidate voxels), dispatched by :func:`nearest_in_voxel_map` through ``dispatch.kernel``.
 """
 
 from __future__ import annotations
@@ -24,23 +24,17 @@ import torch
 
 # voxel keys are the integrators' aggregation keys: 21 bits per axis, biased, coordinates in [-2^20, 2^20);
 # their order is lexicographic (i, j, k) and key(ijk + d) = key(ijk) + key_offset(d) inside the range
-from ..integrators.common import KEY_BIAS, KEY_BITS, KEY_LIMIT, voxel_keys  # noqa: F401 (re-exported)
 from .chunks import row_slices
-from .dispatch import use_triton
+from .dispatch import kernel
+from .keys import VOXEL_KEY_BIAS as KEY_BIAS  # noqa: F401 (re-exported)
+from .keys import VOXEL_KEY_BITS as KEY_BITS  # noqa: F401 (re-exported)
+from .keys import VOXEL_KEY_LIMIT as KEY_LIMIT  # noqa: F401 (re-exported)
+from .keys import key_offsets, voxel_keys
 
-_SHIFT_I = 2 * KEY_BITS
-_SHIFT_J = KEY_BITS
 # queries per chunk on the CPU: [chunk * ~10 candidate voxels, 3, K] temporaries stay ~1-2 MB
 CPU_QUERY_ROWS = 8192
 # coordinate of the unused point rows of a slot: its squared distance (~3e18) stays finite in float32
 EMPTY = 1.0e9
-
-
-def key_offsets(neighbourhood: int, device: torch.device) -> torch.Tensor:
-    """int64 ``[8]`` or ``[27]``: key increments of the candidate voxels relative to the base voxel."""
-    r = (0, 1) if neighbourhood == 8 else (-1, 0, 1)
-    d = torch.tensor([(a, b, c) for a in r for b in r for c in r], dtype=torch.int64, device=device)
-    return (d[:, 0] << _SHIFT_I) + (d[:, 1] << _SHIFT_J) + d[:, 2]
 
 
 def base_voxels(queries: torch.Tensor, voxel_size: float, neighbourhood: int) -> torch.Tensor:
@@ -195,8 +189,8 @@ def nearest_in_voxel_map(
     max_distance: float,
     neighbourhood: int = 27,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch: the Triton kernel where ``use_triton`` says so, else the torch reference."""
-    fn = nearest_in_voxel_map_triton if use_triton(queries.device) else nearest_in_voxel_map_torch
+    """The Triton kernel or the torch reference (``dispatch.kernel``); same arguments."""
+    fn = kernel(queries.device, nearest_in_voxel_map_torch, nearest_in_voxel_map_triton)
     return fn(queries, keys, slots, points, voxel_size, max_distance, neighbourhood)
 
 
@@ -317,6 +311,5 @@ def icp_system_triton(
 
 
 def icp_system(*args, **kwargs) -> torch.Tensor:
-    """Dispatch: the fused Triton kernel where ``use_triton`` says so, else the torch reference."""
-    fn = icp_system_triton if use_triton(args[0].device) else icp_system_torch
-    return fn(*args, **kwargs)
+    """The fused Triton kernel or the torch reference (``dispatch.kernel``); same arguments."""
+    return kernel(args[0].device, icp_system_torch, icp_system_triton)(*args, **kwargs)

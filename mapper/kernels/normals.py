@@ -1,10 +1,10 @@
-"""Per-return surface normals of an unordered scan, from a voxel-hash neighbourhood (pure torch, any device).
+"""Per-return surface normals of an unordered scan, from a voxel-hash neighbourhood (torch, any device).
 
 The LiDAR TSDF projects its signed distances on the surface normal at each return (see
 :func:`mapper.integrators.tsdf.integrate_lidar`); the scan is an unordered point set, so the normal of a
 return is the plane fitted (PCA) to the returns in the 3 x 3 x 3 cells of size ``cell_m`` around its cell:
 
-1. the points' cells are hashed (packed int64 keys, as the bricks') and made unique (one sort);
+1. the points' cells are hashed (packed int64 keys, as the bricks'), sorted and numbered (a prefix sum);
 2. each cell's moments (count, sum of ``p``, sum of ``p p^T``, ``p`` relative to the sensor origin) are
    summed by ``index_add``; each cell then adds its 26 neighbours' moments (binary search of their keys);
 3. the smallest eigenvector of each cell's covariance (closed form for symmetric 3 x 3: the trigonometric
@@ -14,23 +14,26 @@ return is the plane fitted (PCA) to the returns in the 3 x 3 x 3 cells of size `
    a single ring of a spinning LiDAR is a line), and is oriented towards the sensor. Other returns get a
    zero normal: the integrator keeps the along-ray distance for them (edges, corners, sparse returns).
 
-All float64. One host sync (the number of distinct cells).
+All float64. The Triton kernel (:mod:`mapper.kernels.triton_normals`, steps 2-4 in one launch per scale)
+needs no host sync; the torch reference reads the number of distinct cells back once per scale.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
-from .segments import KEY_BITS, brick_keys
+from .dispatch import kernel
+from .keys import VOXEL_KEY_BITS as KEY_BITS
+from .keys import brick_keys
 
 MIN_POINTS = 6
 PLANE_RATIO = 0.02  # lambda_0 / lambda_1: normal std <= ~14 % of the in-plane spread
 SPREAD_RATIO = 0.05  # lambda_1 / lambda_2: the neighbourhood spans two directions
 SCALES = (1, 2, 4)
 CELL_OFFSET = 0.3819660112501051  # 2 - golden ratio
-CELL_CHUNK = 1 << 14
 
 
 def _sym_min_eigvec(c: torch.Tensor):
@@ -83,40 +86,156 @@ def scan_normals(
     """
     n = points_w.shape[0]
     dev = points_w.device
-    out = torch.zeros((n, 3), dtype=torch.float64, device=dev)
-    support = torch.zeros(n, dtype=torch.float64, device=dev)
     if n == 0:
-        return out, support
+        return torch.zeros((0, 3), dtype=torch.float64, device=dev), torch.zeros(
+            0, dtype=torch.float64, device=dev
+        )
     o = origin.to(torch.float64)
     x = points_w.to(torch.float64) - o  # sensor-relative: small values, exact enough in float64
-    for k in scales:
-        nrm = _normals_at(points_w, x, cell_m * k)
+    edges = [cell_m * k for k in scales]
+    inv_cell, edges_t = _edge_tensors(tuple(edges), dev)
+    keys = cell_keys(points_w, inv_cell)
+    vals = moment_rows(x)
+    tables, invs = [], []
+    for k in range(len(edges)):
+        sorted_keys, rank, inv, mom = cell_moments(points_w, x, edges[k], vals, keys[k])
+        tables.append(cell_plane_normals(sorted_keys, rank, mom))
+        invs.append(inv)
+    return combine_normals(x, torch.stack(tables), torch.stack(invs), edges_t)
+
+
+@functools.lru_cache(maxsize=64)
+def _edge_tensors(edges: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 ``[S]`` reciprocal cell edges and cell edges on ``device``, uploaded once per configuration (a
+    host-to-device copy of a pageable tensor waits for the device: a sync per frame otherwise)."""
+    e = torch.tensor(edges, dtype=torch.float64)
+    return (1.0 / e).to(device), e.to(device)
+
+
+def cell_keys_torch(points_w: torch.Tensor, inv_cell: torch.Tensor) -> torch.Tensor:
+    """int64 ``[S, N]``: the packed key of each return's cell at each of ``S`` cell edges (``-1``: outside
+    the key range). Cells are ``floor(p * inv_cell + CELL_OFFSET)``, offset by an irrational fraction so that
+    synthetic surfaces at round coordinates do not sit on cell boundaries (where rounding noise in a pose
+    would move returns between cells).
+
+    Args:
+        points_w: float ``[N, 3]`` world returns; inv_cell: float64 ``[S]`` reciprocal cell edges (1/m).
+    """
+    p = points_w.to(torch.float64)
+    out = torch.empty((inv_cell.shape[0], p.shape[0]), dtype=torch.int64, device=p.device)
+    for k in range(inv_cell.shape[0]):
+        out[k] = brick_keys(torch.floor(p * inv_cell[k] + CELL_OFFSET).to(torch.int64))
+    return out
+
+
+def cell_keys(points_w: torch.Tensor, inv_cell: torch.Tensor) -> torch.Tensor:
+    """:func:`cell_keys_torch` or its Triton kernel (one launch for every scale), as dispatch decides."""
+    return kernel(points_w.device, cell_keys_torch, "triton_normals:cell_keys_triton")(points_w, inv_cell)
+
+
+def combine_normals_torch(
+    x: torch.Tensor, cell_normals: torch.Tensor, inv: torch.Tensor, edges: torch.Tensor
+):
+    """Per return, the normal of the first scale whose neighbourhood is planar, oriented towards the sensor,
+    and the largest planar cell edge.
+
+    Args:
+        x: float64 ``[N, 3]`` returns relative to the sensor; cell_normals: float64 ``[S, N, 3]`` per scale
+            and cell index (:func:`cell_plane_normals`); inv: int64 ``[S, N]`` each return's cell index per
+            scale; edges: float64 ``[S]`` the scales' cell edges (m).
+    Returns:
+        normals float64 ``[N, 3]`` (zero: none), support float64 ``[N]`` (as :func:`scan_normals`).
+    """
+    n = x.shape[0]
+    out = torch.zeros((n, 3), dtype=torch.float64, device=x.device)
+    support = torch.zeros(n, dtype=torch.float64, device=x.device)
+    for k in range(cell_normals.shape[0]):
+        nrm = cell_normals[k].index_select(0, inv[k])
         planar = (nrm != 0).any(dim=1)
         out = torch.where((out != 0).any(dim=1, keepdim=True), out, nrm)
-        support = torch.where(planar, torch.clamp(support, min=cell_m * k), support)
+        support = torch.where(planar, torch.maximum(support, edges[k]), support)
     # towards the sensor: n . (origin - p) = -n . x >= 0
     flip = (out * x).sum(dim=1) > 0
     return torch.where(flip[:, None], -out, out), support
 
 
-def _normals_at(points_w, x, cell_m: float) -> torch.Tensor:
-    """Unoriented normals from the 3 x 3 x 3 cells of edge ``cell_m`` (zero rows: not planar)."""
+def combine_normals(x: torch.Tensor, cell_normals: torch.Tensor, inv: torch.Tensor, edges: torch.Tensor):
+    """:func:`combine_normals_torch` or its Triton kernel (one launch), as dispatch decides."""
+    impl = kernel(x.device, combine_normals_torch, "triton_normals:combine_normals_triton")
+    return impl(x, cell_normals, inv, edges)
+
+
+def moment_rows(x: torch.Tensor) -> torch.Tensor:
+    """float64 ``[N, 10]`` per return: 1, ``x``, the upper triangle of ``x x^T`` (xx, xy, xz, yy, yz, zz)."""
+    vals = torch.empty((x.shape[0], 10), dtype=torch.float64, device=x.device)
+    vals[:, 0] = 1.0
+    vals[:, 1:4] = x
+    vals[:, 4:7] = x * x[:, 0:1]
+    vals[:, 7:9] = x[:, 1:] * x[:, 1:2]
+    vals[:, 9] = x[:, 2] * x[:, 2]
+    return vals
+
+
+def cell_moments(
+    points_w: torch.Tensor,
+    x: torch.Tensor,
+    cell_m: float,
+    vals: torch.Tensor | None = None,
+    keys: torch.Tensor | None = None,
+):
+    """The scan's cells of edge ``cell_m`` and their moments, without a host sync.
+
+    Args:
+        points_w: float ``[N, 3]`` world returns (they pick the cells); x: float64 ``[N, 3]`` the returns
+            relative to the sensor (the moments' coordinates); vals: :func:`moment_rows` of ``x`` if
+            already computed (the scales share them); keys: int64 ``[N]`` the returns' cell keys at edge
+            ``cell_m`` if already computed (:func:`cell_keys`).
+    Returns:
+        sorted_keys: int64 ``[N]`` the returns' cell keys, sorted (``-1``: outside the key range, first);
+        rank: int64 ``[N]`` the cell index of each sorted position (distinct keys numbered from 0);
+        inv: int64 ``[N]`` the cell index of each return;
+        mom: float64 ``[N, 10]`` per cell index (rows past the last cell are zero): count, sum of ``x``,
+        sum of ``x x^T`` (upper triangle: xx, xy, xz, yy, yz, zz); zero for the out-of-range cell.
+    """
     n = x.shape[0]
     dev = x.device
-    # cells offset by an irrational fraction: synthetic surfaces at round coordinates do not sit on cell
-    # boundaries, where rounding noise in the pose would move returns between cells
-    cells = torch.floor(points_w.to(torch.float64) / cell_m + CELL_OFFSET).to(torch.int64)
-    keys = brick_keys(cells)  # -1 outside the key range: those returns get no normal
-    uk, inv = torch.unique(keys, return_inverse=True)  # sorted (sync: the cell count)
+    if keys is None:  # -1 outside the key range: those returns get no normal
+        keys = cell_keys(points_w, torch.tensor([1.0 / cell_m], dtype=torch.float64).to(dev))[0]
+    sorted_keys, order = torch.sort(keys)
+    new = torch.ones(n, dtype=torch.int64, device=dev)
+    new[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    rank = torch.cumsum(new, 0) - 1
+    inv = torch.empty_like(rank).index_copy_(0, order, rank)
+    vals = moment_rows(x) if vals is None else vals
+    vals = vals * (keys >= 0)[:, None]
+    mom = torch.zeros((n, 10), dtype=torch.float64, device=dev).index_add_(0, inv, vals)
+    return sorted_keys, rank, inv, mom
+
+
+def cell_plane_normals_torch(
+    sorted_keys: torch.Tensor, rank: torch.Tensor, mom: torch.Tensor
+) -> torch.Tensor:
+    """Unit normal of each cell's 3 x 3 x 3 neighbourhood, or zero where it is not a plane (the reference of
+    :func:`mapper.kernels.triton_normals.cell_plane_normals_triton`).
+
+    Args:
+        sorted_keys, rank, mom: as returned by :func:`cell_moments` (int64 ``[N]``, int64 ``[N]``, float64
+            ``[N, 10]``).
+    Returns:
+        float64 ``[N, 3]`` per cell index (rows past the last cell, and the out-of-range cell, are zero);
+        the sign is arbitrary (:func:`scan_normals` orients them).
+    """
+    n = sorted_keys.shape[0]
+    dev = sorted_keys.device
+    out = torch.zeros((n, 3), dtype=torch.float64, device=dev)
+    if n == 0:
+        return out
+    first = torch.ones(n, dtype=torch.bool, device=dev)
+    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    uk = sorted_keys[first]  # sorted distinct keys (sync: their count), cell index = position
     u = uk.numel()
-    mom = torch.zeros((u, 10), dtype=torch.float64, device=dev)
-    xx = x[:, :, None] * x[:, None, :]
-    iu = torch.triu_indices(3, 3, device=dev)
-    vals = torch.cat((torch.ones((n, 1), dtype=torch.float64, device=dev), x, xx[:, iu[0], iu[1]]), dim=1)
-    mom.index_add_(0, inv, vals)
+    mom = mom[:u]
     valid_cell = uk >= 0
-    mom = mom * valid_cell[:, None]
-    # the 27 neighbours' keys at once ([U, 27]; one search, one gather)
     off = torch.tensor(
         [
             (di << (2 * KEY_BITS)) + (dj << KEY_BITS) + dk
@@ -125,24 +244,33 @@ def _normals_at(points_w, x, cell_m: float) -> torch.Tensor:
             for dk in (-1, 0, 1)
         ],
         dtype=torch.int64,
-        device=dev,
+        device="cpu",
     )
-    total = torch.empty_like(mom)
-    for c0 in range(0, u, CELL_CHUNK):  # [chunk, 27, 10] float64 temporaries: 35 MB
-        ukc = uk[c0 : c0 + CELL_CHUNK]
-        nk = ukc[:, None] + off[None, :]
-        pos = torch.searchsorted(uk, nk.reshape(-1)).clamp(max=u - 1).reshape(-1, 27)
-        hit = (uk[pos] == nk) & valid_cell[c0 : c0 + CELL_CHUNK, None]
-        total[c0 : c0 + CELL_CHUNK] = (mom[pos] * hit[:, :, None]).sum(dim=1)
+    # sum the 27 neighbours' moments: one binary search and one row gather per offset (a missing neighbour
+    # reads the zero row appended at u); [U, 10] temporaries only
+    mom_z = torch.cat((mom * valid_cell[:, None], mom.new_zeros((1, 10))))
+    total = torch.zeros_like(mom)
+    for d in off.tolist():
+        nk = uk + d
+        pos = torch.searchsorted(uk, nk).clamp_(max=u - 1)
+        pos = torch.where((uk.index_select(0, pos) == nk) & valid_cell, pos, u)
+        total += mom_z.index_select(0, pos)
     cnt = total[:, 0]
     cs = cnt.clamp(min=1.0)
     mean = total[:, 1:4] / cs[:, None]
     s = total[:, 4:] / cs[:, None]  # xx, xy, xz, yy, yz, zz
+    iu = torch.triu_indices(3, 3, device=dev)
     cov = torch.empty((u, 3, 3), dtype=torch.float64, device=dev)
     cov[:, iu[0], iu[1]] = s - (mean[:, iu[0]] * mean[:, iu[1]])
     cov[:, iu[1], iu[0]] = cov[:, iu[0], iu[1]]
     lam, nrm = _sym_min_eigvec(cov)
     l0, l1, l2 = lam.unbind(1)
     ok = (cnt >= MIN_POINTS) & (l0 <= PLANE_RATIO * l1) & (l1 >= SPREAD_RATIO * l2) & (l2 > 0)
-    nrm = nrm * ok[:, None]
-    return nrm.index_select(0, inv)
+    out[:u] = nrm * ok[:, None]
+    return out
+
+
+def cell_plane_normals(sorted_keys: torch.Tensor, rank: torch.Tensor, mom: torch.Tensor) -> torch.Tensor:
+    """:func:`cell_plane_normals_torch` or its Triton kernel (one launch, no sync), as dispatch decides."""
+    impl = kernel(sorted_keys.device, cell_plane_normals_torch, "triton_normals:cell_plane_normals_triton")
+    return impl(sorted_keys, rank, mom)

@@ -17,7 +17,7 @@ frame. Here instead:
    the LiDAR TSDF adds ``sdf * w`` and ``w`` for voxels with ``sdf = r - |centre - origin| >= -tau``.
 
 Each stage has a pure-torch reference (the CPU path) and a Triton kernel (``triton_segments``), chosen
-by :func:`mapper.kernels.dispatch.use_triton`. Both do the same float64 operations in the same order
+by :func:`mapper.kernels.dispatch.kernel`. Both do the same float64 operations in the same order
 (the Triton kernels are compiled without FMA contraction), so they agree bit for bit.
 
 Exactness against a voxel-resolution DDA (``dda_torch``): the coarse walk is the same DDA with a 4x cell,
@@ -38,13 +38,11 @@ import math
 import torch
 
 from .chunks import row_slices
-from .dispatch import use_triton
+from .dispatch import kernel
+from .keys import BRICK_HI, BRICK_LO, VOXEL_KEY_BIAS, VOXEL_KEY_BITS, brick_keys, keys_to_ijk  # noqa: F401
 
-KEY_BITS = 21  # as mapper.integrators.common.voxel_keys: 21 bits per axis, biased, i major
-KEY_BIAS = 1 << 20
-# bricks whose voxels all lie in the integrators' key range [-2^20 + 8, 2^20 - 8): [BRICK_LO, BRICK_HI)
-BRICK_LO = -(1 << 18) + 2
-BRICK_HI = (1 << 18) - 2
+KEY_BITS = VOXEL_KEY_BITS  # the voxel keys of mapper.kernels.keys (brick coordinates)
+KEY_BIAS = VOXEL_KEY_BIAS
 WALK_STEPS = 10  # voxels of a 4^3 brick one straight segment can cross: 3 * 4 - 2
 MISS, BAND = 0, 1  # walk modes: occupancy miss flags, LiDAR TSDF band sums
 CPU_RAYS = 1 << 17  # rays per batch of the torch coarse walk on the CPU (per-step temporaries ~3 MB)
@@ -54,18 +52,9 @@ SEGMENT_BUDGET = {"cuda": 1 << 25, "cpu": 1 << 23}
 
 
 # ------------------------------------------------------------------------------------------------ keys
-def brick_keys(b: torch.Tensor) -> torch.Tensor:
-    """int64 keys of int64/int32 ``[M, 3]`` brick coordinates; ``-1`` outside ``[BRICK_LO, BRICK_HI)``."""
-    b = b.to(torch.int64)
-    ok = ((b >= BRICK_LO) & (b < BRICK_HI)).all(dim=1)
-    c = b + KEY_BIAS
-    k = (c[:, 0] << (2 * KEY_BITS)) | (c[:, 1] << KEY_BITS) | c[:, 2]
-    return torch.where(ok, k, torch.full_like(k, -1))
-
-
 def keys_to_bricks(keys: torch.Tensor) -> torch.Tensor:
-    m = (1 << KEY_BITS) - 1
-    return torch.stack(((keys >> (2 * KEY_BITS)) & m, (keys >> KEY_BITS) & m, keys & m), dim=1) - KEY_BIAS
+    """Brick coordinates (int64 ``[M, 3]``) of :func:`brick_keys` (``keys.keys_to_ijk``)."""
+    return keys_to_ijk(keys)
 
 
 # ---------------------------------------------------------------------------------------------- coarse
@@ -192,11 +181,10 @@ def _no_segments(dev):
 
 def brick_segments(origins, dirs, t0, t1, cell: float):
     """:func:`brick_segments_torch`, or its Triton kernel (one launch, CSR output) where Triton runs."""
-    if dirs.shape[0] and use_triton(dirs.device):
-        from .triton_segments import brick_segments_triton
-
-        return brick_segments_triton(origins, dirs, t0, t1, cell)
-    return brick_segments_torch(origins, dirs, t0, t1, cell)
+    impl = brick_segments_torch
+    if dirs.shape[0]:
+        impl = kernel(dirs.device, brick_segments_torch, "triton_segments:brick_segments_triton")
+    return impl(origins, dirs, t0, t1, cell)
 
 
 # ---------------------------------------------------------------------------------------------- frame
@@ -323,6 +311,16 @@ def _dense_flat_torch(k: torch.Tensor, lo, ext, cells: int) -> torch.Tensor:
     return torch.where(ok, (i * ext[1] + j) * ext[2] + l_, cells)
 
 
+def dense_flat_torch(keys: torch.Tensor, lo, ext, cells: int, seen: torch.Tensor) -> torch.Tensor:
+    """The reference of ``triton_segments.dense_flat_triton`` (same arguments): the row-major index of
+    each key's brick in the box ``lo + [0, ext)`` (``cells`` for ``-1`` keys and keys outside it), and
+    ``seen[index] = 1``; int64 indices, in row chunks."""
+    dev = keys.device
+    f = torch.cat([_dense_flat_torch(keys[sl], lo, ext, cells) for sl in row_slices(keys.numel(), dev)])
+    seen[f] = 1
+    return f
+
+
 def unique_brick_ranks(
     *keys: torch.Tensor, bbox: torch.Tensor | None = None, max_dense_cells: int = 1 << 26
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -349,16 +347,8 @@ def unique_brick_ranks(
     cells = ext[0] * ext[1] * ext[2]
     if cells <= max_dense_cells and cells <= 4 * n + (1 << 20):
         seen = torch.zeros(cells + 1, dtype=torch.uint8, device=dev)
-        if use_triton(dev):
-            from .triton_segments import dense_flat_triton
-
-            flats = [dense_flat_triton(k, lo, ext, cells, seen) for k in keys]
-        else:
-            flats = []
-            for k in keys:
-                f = torch.cat([_dense_flat_torch(k[sl], lo, ext, cells) for sl in row_slices(k.numel(), dev)])
-                seen[f] = 1
-                flats.append(f)
+        impl = kernel(dev, dense_flat_torch, "triton_segments:dense_flat_triton")
+        flats = [impl(k, lo, ext, cells, seen) for k in keys]
         idx = seen[:cells].nonzero().squeeze(1)  # sync: the brick count
         table = torch.empty(cells + 1, dtype=torch.int32, device=dev)
         table[idx] = torch.arange(idx.numel(), dtype=torch.int32, device=dev)
@@ -612,43 +602,9 @@ def walk_segments(
     normals=None,
     ray_weight=None,
 ) -> None:
-    """:func:`walk_segments_torch`, or its Triton kernel (one launch) where Triton runs."""
+    """:func:`walk_segments_torch`, or its Triton kernel (one launch) where Triton runs (same arguments)."""
     if seg_ray.numel() == 0:
         return
-    if use_triton(dirs.device):
-        from .triton_segments import walk_segments_triton
-
-        return walk_segments_triton(
-            mode,
-            origins,
-            dirs,
-            t0,
-            t1,
-            rng,
-            seg_ray,
-            seg_rank,
-            bricks,
-            voxel_size,
-            out,
-            tau,
-            weight,
-            normals,
-            ray_weight,
-        )
-    return walk_segments_torch(
-        mode,
-        origins,
-        dirs,
-        t0,
-        t1,
-        rng,
-        seg_ray,
-        seg_rank,
-        bricks,
-        voxel_size,
-        out,
-        tau,
-        weight,
-        normals,
-        ray_weight,
-    )
+    impl = kernel(dirs.device, walk_segments_torch, "triton_segments:walk_segments_triton")
+    args = (mode, origins, dirs, t0, t1, rng, seg_ray, seg_rank, bricks, voxel_size, out)
+    impl(*args, tau, weight, normals, ray_weight)

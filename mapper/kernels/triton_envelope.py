@@ -43,30 +43,10 @@ def _envelope_kernel(
         fq = tl.load(f_ptr + s + q, mask=act, other=float("inf"))
         push = act & (fq < float("inf"))
         fq64 = fq.to(tl.float64)
-        pop = push & (top >= 1)
-        v = tl.load(sv_ptr + s + top, mask=pop, other=0)
-        u = tl.load(sv_ptr + s + top - 1, mask=pop, other=0)
-        fv = tl.load(sf_ptr + s + top, mask=pop, other=0.0).to(tl.float64)
-        fu = tl.load(sf_ptr + s + top - 1, mask=pop, other=0.0).to(tl.float64)
-        a = (q - v).to(tl.int64)
-        b = (v - u).to(tl.int64)
-        t = ((b.to(tl.float64) * fq64 + a.to(tl.float64) * fu) - (a + b).to(tl.float64) * fv) + (
-            a * b * (a + b)
-        ).to(tl.float64)
-        pop = pop & (t <= 0)
+        pop = _dominated(sv_ptr, sf_ptr, s, top, q, fq64, push)
         while tl.max(pop.to(tl.int32), 0) > 0:
             top = top - pop.to(tl.int32)
-            pop = push & (top >= 1)
-            v = tl.load(sv_ptr + s + top, mask=pop, other=0)
-            u = tl.load(sv_ptr + s + top - 1, mask=pop, other=0)
-            fv = tl.load(sf_ptr + s + top, mask=pop, other=0.0).to(tl.float64)
-            fu = tl.load(sf_ptr + s + top - 1, mask=pop, other=0.0).to(tl.float64)
-            a = (q - v).to(tl.int64)
-            b = (v - u).to(tl.int64)
-            t = ((b.to(tl.float64) * fq64 + a.to(tl.float64) * fu) - (a + b).to(tl.float64) * fv) + (
-                a * b * (a + b)
-            ).to(tl.float64)
-            pop = pop & (t <= 0)
+            pop = _dominated(sv_ptr, sf_ptr, s, top, q, fq64, push)
         top = top + push.to(tl.int32)
         tl.store(sv_ptr + s + top, tl.zeros([BLOCK], tl.int32) + q, mask=push)
         tl.store(sf_ptr + s + top, fq, mask=push)
@@ -86,6 +66,23 @@ def _envelope_kernel(
         val = tl.load(sf_ptr + s + k, mask=act, other=0.0) + (d * d).to(tl.float32)
         tl.store(out_ptr + s + p, val, mask=act)
         p += 1
+
+
+@triton.jit
+def _dominated(sv_ptr, sf_ptr, s, top, q, fq64, push):
+    """Lanes (of ``push``) whose stack top is hidden by the parabola of slot ``q`` (value ``fq64``) and the
+    entry below it: the pop test of ``mapper.kernels.envelope.lower_envelope_torch`` (same expressions)."""
+    pop = push & (top >= 1)
+    v = tl.load(sv_ptr + s + top, mask=pop, other=0)
+    u = tl.load(sv_ptr + s + top - 1, mask=pop, other=0)
+    fv = tl.load(sf_ptr + s + top, mask=pop, other=0.0).to(tl.float64)
+    fu = tl.load(sf_ptr + s + top - 1, mask=pop, other=0.0).to(tl.float64)
+    a = (q - v).to(tl.int64)
+    b = (v - u).to(tl.int64)
+    t = ((b.to(tl.float64) * fq64 + a.to(tl.float64) * fu) - (a + b).to(tl.float64) * fv) + (
+        a * b * (a + b)
+    ).to(tl.float64)
+    return pop & (t <= 0)
 
 
 @triton.jit

@@ -22,8 +22,14 @@ import torch
 import triton
 import triton.language as tl
 
+from .keys import BLOCK_KEY_BIAS as BLOCK_BIAS
+from .keys import BLOCK_KEY_BITS as BLOCK_BITS
+from .keys import EDGE_IJ_BIAS as IJ_BIAS
+from .keys import EDGE_IJ_BITS as IJ_BITS
+from .keys import EDGE_K_BIAS as K_BIAS
+from .keys import EDGE_K_BITS as K_BITS
 from .keys import LEAF_POS_BITS, TILE_AXIS_BITS, TILE_BIAS, VOXEL_LIMIT
-from .marching import BLOCK_BIAS, BLOCK_BITS, IJ_BIAS, IJ_BITS, K_BIAS, K_BITS, empty_result
+from .mesh_result import empty_result
 from .triton_ops import _leaf_in_tile
 from .triton_paged import n_iter, page_base, page_of
 from .triton_query import _find_tile_loop

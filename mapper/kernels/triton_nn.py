@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import nn
+from .keys import VOXEL_KEY_BIAS, key_offsets
 
 BLOCK = 64
 ICP_BLOCK = 128
@@ -257,7 +257,7 @@ def _search_args(keys: torch.Tensor, neighbourhood: int, device: torch.device):
     # binary-search steps are a constexpr (see the loop-bound note): rounded up to 8, 16 or 24 so that a
     # growing map triggers at most a couple of compilations (extra steps are masked no-ops)
     steps = 8 * math.ceil((math.ceil(math.log2(keys.shape[0] + 1)) + 1) / 8)
-    return nn.key_offsets(neighbourhood, device), offi.reshape(-1), 0.5 if neighbourhood == 8 else 0.0, steps
+    return key_offsets(neighbourhood, device), offi.reshape(-1), 0.5 if neighbourhood == 8 else 0.0, steps
 
 
 def nearest_in_voxel_map_kernel_launch(
@@ -279,7 +279,7 @@ def nearest_in_voxel_map_kernel_launch(
     offk, offi, shift, steps = _search_args(keys, neighbourhood, dev)
     _nearest_kernel[(triton.cdiv(n, BLOCK),)](
         queries.contiguous(), keys.contiguous(), slots.contiguous(), points.contiguous(), offk, offi,
-        dist, index, n, V, float(voxel_size), shift, float(max_distance) ** 2, nn.KEY_BIAS,
+        dist, index, n, V, float(voxel_size), shift, float(max_distance) ** 2, VOXEL_KEY_BIAS,
         K=points.shape[2], SEARCH_STEPS=steps, NEIGHBOURS=neighbourhood, BLOCK=BLOCK,
     )  # fmt: skip
     return dist, index
@@ -309,7 +309,7 @@ def icp_system_kernel_launch(
     _icp_system_kernel[(grid,)](
         source.contiguous(), keys.contiguous(), slots.contiguous(), points.contiguous(),
         normals.contiguous(), flatness.contiguous(), offk, offi, partial, n, keys.shape[0],
-        *(float(x) for x in pose), float(voxel_size), shift, float(max_distance) ** 2, nn.KEY_BIAS,
+        *(float(x) for x in pose), float(voxel_size), shift, float(max_distance) ** 2, VOXEL_KEY_BIAS,
         float(scale), K=points.shape[2], SEARCH_STEPS=steps, NEIGHBOURS=neighbourhood,
         KERNEL=KERNEL_IDS[kernel], BLOCK=ICP_BLOCK,
     )  # fmt: skip

@@ -13,9 +13,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .keys import TILE_AXIS_BITS, TILE_BIAS, VOXEL_LIMIT
-from .triton_ops import _leaf_in_tile, _n_iter
-from .triton_paged import n_iter, page_base, page_of
+from .keys import COORD_LIMIT_VOX, TILE_AXIS_BITS, TILE_BIAS, VOXEL_LIMIT
+from .triton_ops import _leaf_in_tile, _n_iter_frame
+from .triton_paged import n_iter_frame, page_base, page_of
+from .views import LayerView
+
+COORD_LIMIT = tl.constexpr(float(COORD_LIMIT_VOX))  # |voxel coordinate| of a query point (keys.py)
 
 
 @triton.jit
@@ -53,7 +56,7 @@ def _lookup(i, j, k, valid, tkeys, tmask, tstart, n_tiles, slots_ptr, pstarts, n
     return has, page, local
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "nt0", "np0", "nt1", "np1", "nt2", "np2"])  # sizes: no recompiles
 def _distance_kernel(
     p_ptr, n, prm_ptr,
     tk0, tm0, ts0, nt0, sl0, ps0, np0, fa0, fb0,
@@ -81,7 +84,7 @@ def _distance_kernel(
     qx = tl.where(fin, x * inv_s - 0.5, 0.0)
     qy = tl.where(fin, y * inv_s - 0.5, 0.0)
     qz = tl.where(fin, z * inv_s - 0.5, 0.0)
-    lim = (1 << 20) - 8.0
+    lim = COORD_LIMIT
     ok = m & fin & (tl.abs(qx) < lim) & (tl.abs(qy) < lim) & (tl.abs(qz) < lim)
     qx = tl.where(ok, qx, 0.0)
     qy = tl.where(ok, qy, 0.0)
@@ -141,26 +144,27 @@ def _distance_kernel(
     tl.store(obs_ptr + q, allobs.to(tl.int8), mask=m)
 
 
-def _layer_args(layer, names):
+def _layer_args(view: LayerView, names):
     """Tile keys/masks/starts, tile count, slot table, page starts, page count, and the fields' page
-    tables of a brick layer, plus its (tile, page) binary-search depths."""
-    g = layer.grid
-    t = g.tiles
-    pool = layer.pool
-    n_pages = len(pool.page_starts) - 1
-    args = [t.keys, t.masks, t.starts, t.keys.numel(), layer.slots, pool.page_start_table(), n_pages]
-    args += [pool.page_table(nm) for nm in names]
-    return args, _n_iter(t.keys.numel()), n_iter(n_pages)
+    tables of a layer view, plus its (tile, page) binary-search depths (one bucket: no compile as maps
+    grow)."""
+    t = view.tiles
+    args = [t.keys, t.masks, t.starts, t.keys.numel(), view.slots, view.page_starts, view.n_pages]
+    args += [view.page_tables[nm] for nm in names]
+    return args, _n_iter_frame(t.keys.numel()), n_iter_frame(view.n_pages)
 
 
-def usable(layer) -> bool:
-    """The fused kernel needs a layer with bricks (an empty one goes through the torch path)."""
-    return layer is not None and layer.grid.num_leaves > 0 and layer.pool.capacity > 0
-
-
-def distance_launch(points: torch.Tensor, s: float, fill: float, esdf_layer, tsdf_layer=None, occ_layer=None):
-    """ESDF distance at float64 ``[M, 3]`` points (see ``Map.query_distance``): (distance float32 [M],
-    gradient float32 [M, 3], observed bool [M]). ``esdf_layer`` must be :func:`usable`."""
+def distance_launch(
+    points: torch.Tensor,
+    s: float,
+    fill: float,
+    esdf: LayerView,
+    tsdf: LayerView | None = None,
+    occ: LayerView | None = None,
+):
+    """ESDF distance at float64 ``[M, 3]`` points (see ``mapper.queries.distance_at``): (distance float32
+    [M], gradient float32 [M, 3], observed bool [M]). Views of the ESDF layer (fields ``esdf``,
+    ``observed``), and optionally of the TSDF (``weight``) and log-odds (``log_odds``) layers."""
     n = points.shape[0]
     dev = points.device
     val = torch.empty(n, dtype=torch.float32, device=dev)
@@ -168,10 +172,10 @@ def distance_launch(points: torch.Tensor, s: float, fill: float, esdf_layer, tsd
     obs = torch.empty(n, dtype=torch.int8, device=dev)
     if n == 0:
         return val, grad, obs.bool()
-    a0, nt0, np0 = _layer_args(esdf_layer, ("esdf", "observed"))
-    has1, has2 = usable(tsdf_layer), usable(occ_layer)
-    a1, nt1, np1 = _layer_args(tsdf_layer, ("weight",)) if has1 else (a0[:8], 1, 1)
-    a2, nt2, np2 = _layer_args(occ_layer, ("log_odds",)) if has2 else (a0[:8], 1, 1)
+    a0, nt0, np0 = _layer_args(esdf, ("esdf", "observed"))
+    has1, has2 = tsdf is not None, occ is not None
+    a1, nt1, np1 = _layer_args(tsdf, ("weight",)) if has1 else (a0[:8], 1, 1)
+    a2, nt2, np2 = _layer_args(occ, ("log_odds",)) if has2 else (a0[:8], 1, 1)
     prm = torch.tensor([1.0 / float(s), float(fill)], dtype=torch.float64).to(dev, non_blocking=True)
     block = 128
     _distance_kernel[(triton.cdiv(n, block),)](

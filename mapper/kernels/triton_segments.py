@@ -25,7 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .segments import BAND, BRICK_HI, BRICK_LO, KEY_BIAS, KEY_BITS, MISS, WALK_STEPS, plane_offsets
+from .keys import BRICK_HI, BRICK_LO
+from .keys import VOXEL_KEY_BIAS as KEY_BIAS
+from .keys import VOXEL_KEY_BITS as KEY_BITS
+from .segments import BAND, MISS, WALK_STEPS, plane_offsets
 from .triton_dda import _axis_setup  # the same per-axis DDA set-up as the voxel traversal
 
 _INF = tl.constexpr(float("inf"))

@@ -21,11 +21,14 @@ the outputs):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
 
-from .voxelize import VoxelGrid, _empty
+if TYPE_CHECKING:  # the reference's parameter type (no import at run time: no reference <-> kernel cycle)
+    from .voxelize import VoxelGrid
 
 _INT32_MAX = 2**31 - 1
 _HASH_MUL = tl.constexpr(0x9E3779B97F4A7C15 - (1 << 64))  # Fibonacci hashing, as int64
@@ -155,7 +158,7 @@ def voxelize_hash(p: torch.Tensor, g: VoxelGrid) -> tuple[torch.Tensor, torch.Te
     k = g.max_points
     dev = p.device
     if n == 0:
-        return _empty(p, k)
+        return g.empty(p)
     block = 256
     log2t = max(4, (2 * n - 1).bit_length())
     t = 1 << log2t
@@ -196,7 +199,7 @@ def voxelize_hash(p: torch.Tensor, g: VoxelGrid) -> tuple[torch.Tensor, torch.Te
     if v is None:
         v = int(csum[-1]) if g.max_voxels is None else min(int(csum[-1]), g.max_voxels)  # the host sync
     if v == 0:
-        return _empty(p, k)
+        return g.empty(p)
     counts = torch.empty(v, dtype=torch.int32, device=dev)
     coords = torch.empty((v, 3), dtype=torch.int32, device=dev)
     _meta_kernel[(triton.cdiv(v, block),)](

@@ -19,7 +19,7 @@
 
 Two implementations with this signature: :func:`voxelize_torch` (sort-based reference, the CPU path) and
 :func:`voxelize_triton` (open-addressing hash table, no global sort; ``triton_voxelize.py``), dispatched by
-:func:`voxelize` through ``mapper.kernels.dispatch.use_triton``.
+:func:`voxelize` through ``mapper.kernels.dispatch.kernel``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 
 from .._validation import as_tensor
 from ..errors import InvalidArgument, InvalidArgumentType
-from .dispatch import use_triton
+from .dispatch import kernel
 
 
 class VoxelGrid(NamedTuple):
@@ -42,6 +42,15 @@ class VoxelGrid(NamedTuple):
     grid: tuple[int, int, int]
     max_points: int
     max_voxels: int | None
+
+    def empty(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The result with no voxel for points ``p`` (``[0, K, C]``, ``[0, 3]``, ``[0]``)."""
+        dev = p.device
+        return (
+            torch.zeros((0, self.max_points, p.shape[1]), dtype=p.dtype, device=dev),
+            torch.zeros((0, 3), dtype=torch.int32, device=dev),
+            torch.zeros(0, dtype=torch.int32, device=dev),
+        )
 
 
 def _vec3(name: str, v) -> np.ndarray:
@@ -113,15 +122,6 @@ def cells_of(xyz: torch.Tensor, g: VoxelGrid) -> tuple[torch.Tensor, torch.Tenso
     return cells, keep
 
 
-def _empty(p: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dev = p.device
-    return (
-        torch.zeros((0, k, p.shape[1]), dtype=p.dtype, device=dev),
-        torch.zeros((0, 3), dtype=torch.int32, device=dev),
-        torch.zeros(0, dtype=torch.int32, device=dev),
-    )
-
-
 def voxelize_torch(
     points: torch.Tensor,
     voxel_size_m,
@@ -141,7 +141,7 @@ def _voxelize_torch(p: torch.Tensor, g: VoxelGrid) -> tuple[torch.Tensor, torch.
     cells, keep = cells_of(p[:, :3], g)
     idx = torch.nonzero(keep).squeeze(1)  # increasing: input order
     if idx.numel() == 0:
-        return _empty(p, k)
+        return g.empty(p)
     c = cells[idx]
     gx, gy, _ = g.grid
     key = (c[:, 2] * gy + c[:, 1]) * gx + c[:, 0]
@@ -206,8 +206,4 @@ def voxelize(
     ``counts`` int32 ``[V]``, on the points' device; voxels ordered by their first point's input index.
     """
     p, g = prepare(points, voxel_size_m, range_min, range_max, max_points_per_voxel, max_voxels)
-    if use_triton(p.device):
-        from .triton_voxelize import voxelize_hash
-
-        return voxelize_hash(p, g)
-    return _voxelize_torch(p, g)
+    return kernel(p.device, _voxelize_torch, "triton_voxelize:voxelize_hash")(p, g)

@@ -18,7 +18,7 @@ import torch
 from ..errors import InvalidArgument, InvalidArgumentType
 from ..grid import IndexGrid
 from ..kernels import sparse_conv as sc
-from ..kernels.dispatch import use_triton
+from ..kernels.dispatch import kernel
 
 _DTYPES = (torch.float32, torch.float64)
 
@@ -135,11 +135,10 @@ def conv_plan(grid: IndexGrid, kernel_size: int, stride: int = 1, transposed: bo
 
 # ------------------------------------------------------------------------------------------ compute
 def _forward(x: torch.Tensor, weight: torch.Tensor, cmap: sc.ConvMap) -> torch.Tensor:
-    if x.dtype == torch.float32 and use_triton(x.device):
-        from ..kernels import triton_sparse_conv  # lazily: triton is optional
-
-        return triton_sparse_conv.conv_forward_triton(x, weight, cmap)
-    return sc.conv_forward_torch(x, weight, cmap)
+    if x.dtype != torch.float32:  # the Triton implicit GEMM is float32
+        return sc.conv_forward_torch(x, weight, cmap)
+    impl = kernel(x.device, sc.conv_forward_torch, "triton_sparse_conv:conv_forward_triton")
+    return impl(x, weight, cmap)
 
 
 class _SparseConvFunction(torch.autograd.Function):
