@@ -36,7 +36,9 @@ _BLOCK_COARSE = 128  # 68 registers, no spills
 _BLOCK_WALK = 128  # one segment per thread (4 warps): ~90 registers, no spills (ptxas, sm_90)
 
 
-@triton.jit(do_not_specialize=["n"])  # sizes vary per frame: no recompiles
+# sizes vary per frame, the origin is one row expanded (stride 0) or a row per ray (stride 3), and chunks of
+# a frame start at any ray (pointers not 16-byte aligned): none of these may make a new variant mid-stream
+@triton.jit(do_not_specialize=["n", "o_stride", "o_ptr", "d_ptr", "t0_ptr", "t1_ptr", "start_ptr"])
 def _coarse_kernel(
     o_ptr,
     o_stride,
