@@ -214,6 +214,27 @@ class MapWorker:
 
         return self._call(create(), 300.0)
 
+    def esdf_bounds(self, map_id: str) -> tuple[list[float], list[float]] | None:
+        """The extent (x, y, z min / max, metres) of a map's ESDF, what its slice defaults to (None while it
+        has no ESDF): the ingress takes the union over a sharded map's shards."""
+        from ..errors import InvalidArgument, NotFound
+
+        async def run():
+            entry = self.service.maps.get(map_id)
+            if entry is None:
+                raise NotFound(f"map {map_id!r} not found")
+
+            def bounds(m):
+                try:
+                    lo, hi = m._esdf_bounds()
+                except InvalidArgument:  # no ESDF yet
+                    return None
+                return lo.tolist(), hi.tolist()
+
+            return await entry.read(bounds, esdf=True)
+
+        return self._call(run())
+
     def map_path(self, map_id: str) -> str:
         return str(self.service.data.map_dir(map_id).root)
 
