@@ -5,7 +5,6 @@ moved between workers mid-stream loses nothing. Bounded: the whole module dies a
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import os
 import signal
@@ -20,6 +19,7 @@ from test_service_helpers import scan
 
 from mapper import Map
 from mapper.client import ApiError, MapperClient
+from mapper.cluster.local import serve_in_thread, wait_ready
 from mapper.persistence import DataDir, MapDir, load_snapshot_file
 from mapper.settings import Settings
 from mapper.store import save_new_map
@@ -31,26 +31,6 @@ ray = pytest.importorskip(
 WATCHDOG_S = 600  # the module took 403 s at load ~15 on 2 cores (session 3)
 TOKEN, READ = "cluster-token", "cluster-read"
 CONFIG = dict(voxel_size_m=0.25, layers=["tsdf", "esdf"], esdf_max_distance_m=1.0)
-
-
-@contextlib.contextmanager
-def serve(app):
-    """The app on a free loopback port, in a thread; yields its URL."""
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 240
-    while not server.started:
-        assert t.is_alive() and time.monotonic() < deadline, "the cluster app did not start"
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        t.join(120)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +63,7 @@ def cluster(tmp_path_factory):
         malloc_trim_s=0,
     )
     try:
-        with serve(create_cluster_app(settings, workers=3)) as url:
+        with serve_in_thread(create_cluster_app(settings, workers=3), timeout_s=240) as url:
             yield url, root
     finally:
         ray.shutdown()
@@ -403,14 +383,10 @@ def test_mapper_serve_ray_command(tmp_path):
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "mapper serve --ray did not become ready"
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                    break
-            time.sleep(0.5)
+        try:
+            assert wait_ready(url, 180, workers=1, alive=lambda: proc.poll() is None)["status"] == "ready"
+        except RuntimeError as e:
+            raise AssertionError(f"{e}: {(tmp_path / 'serve.log').read_text()[-2000:]}") from None
         with MapperClient(url) as c:
             info = c._request("GET", "/v1/cluster").json()
             assert [w["worker"] for w in info["workers"]] == [0] and info["workers"][0]["pid"] != proc.pid
