@@ -460,3 +460,64 @@ def test_occupied_voxels_and_bounds_of_shards_equal_one_maps(cap):
     }
     got = shards.gather_cells(sl, owner, ("distance",))["distance"]
     np.testing.assert_array_equal(got, ref_slice.distance.numpy())
+
+
+class FakeWorkers:
+    """The ingress's view of two shard workers (``Router.json``): frames are logged (seq + 1) and acked;
+    ``die``: the next frame to shard 1 kills its worker after (``logged=True``) or before logging it."""
+
+    def __init__(self, die: bool, logged: bool):
+        self.seq = {0: 5, 1: 7}
+        self.die, self.logged = die, logged
+        self.frames = {0: 0, 1: 0}
+
+    async def json(self, index, method, path, **kw):
+        import httpx
+
+        from mapper.cluster.ingress import WorkerLost
+
+        shard = int(path.split("/")[3][-1])
+        if method == "GET":
+            body = {"last_seq": self.seq[shard], "version": 100 + self.seq[shard]}
+            return httpx.Response(200, json=body)
+        if shard == 1 and self.die:
+            self.die = False
+            if self.logged:
+                self.seq[1] += 1
+                self.frames[1] += 1
+            raise WorkerLost("map worker 1 failed during the request")
+        self.seq[shard] += 1
+        self.frames[shard] += 1
+        return httpx.Response(200, json={"seq": self.seq[shard], "map_version": 3, "points_used": 9})
+
+
+@pytest.mark.parametrize("logged", [True, False])
+def test_a_frame_reaches_each_shard_once_when_its_worker_dies(logged):
+    """``WorkerLost`` on shard 1 (its worker died holding the frame): once the worker answers again its last
+    seq says whether the frame is in its WAL (acked as recovered) or not (sent again); either way shard 1
+    holds the frame once and the frame is acked with the ack of a shard that answered it."""
+    import asyncio
+
+    w = FakeWorkers(die=True, logged=logged)
+    spec = sharding.ShardSpec(0, 2, 2, 4.25, "m", "m").to_dict()
+    sm = shards.ShardedMap("m", "m", {**SHORT, "voxel_size_m": 0.25, "shard": spec}, [0, 1], ["m.s0", "m.s1"])
+    f = frames(8, 40.0)[0]
+    f.frame_id = "x"
+    body = wire.packb(wire.lidar_message(f.points, f.T_world_sensor, frame_id="x"))
+
+    class Settings:
+        max_points_per_frame, max_image_pixels, max_query_points, max_pose_translation_m = (
+            10**6,
+            10**7,
+            10**6,
+            1e6,
+        )
+
+    async def run():
+        return await shards.integrate(w, sm, body, wire.MSGPACK, Settings)
+
+    status, ack = asyncio.run(run())
+    assert status == 200 and ack["frame_id"] == "x", ack
+    assert w.frames[1] == 1 and w.seq[1] == 8 and ack["shards"]["1"]["seq"] == 8
+    assert w.frames[0] == 1 and sm.seqs == {0: 6, 1: 8}
+    assert "recovered" not in ack and ack["points_used"] == 9

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import secrets
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ import torch
 
 from .. import sharding, wire
 from ..errors import InvalidArgument, MapperError
+
+log = logging.getLogger("mapper.cluster.shards")
 
 BUSY_RETRY_S = 120.0  # a shard's full queue: the frame is retried this long before its 429 is returned
 
@@ -262,7 +265,7 @@ def gather_occupied(parts: dict[int, dict], count: int, block_tiles: int, max_vo
     s = float(first["voxel_size_m"])
     ijk, shard_capped = [], False
     for i, reply in parts.items():
-        c = torch.as_tensor(np.asarray(reply["centers"], dtype=np.float32)).reshape(-1, 3)
+        c = torch.from_numpy(np.array(reply["centers"], dtype=np.float32)).reshape(-1, 3)
         shard_capped |= bool(reply.get("capped"))
         v = torch.floor(c.double() / s).long()
         mine = sharding.owner_of_points((v.double() + 0.5) * s, s, count, block_tiles) == i
@@ -648,7 +651,9 @@ async def _send_frame(router, sm: ShardedMap, i: int, body: bytes, ctype: str) -
             summ = await _summary_after_restart(router, sm, i)
             if int(summ["last_seq"]) > before:  # logged before the worker died: recovered from its WAL
                 sm.seqs[i] = int(summ["last_seq"])
+                log.warning("map %s: shard %d's worker died with a frame; it was in its WAL", sm.id, i)
                 return 200, {"seq": sm.seqs[i], "map_version": summ["version"], "recovered": True}
+            log.warning("map %s: shard %d's worker died with a frame before logging it; sent again", sm.id, i)
             continue  # never logged: safe to send again
         if resp.status_code == 429 and loop.time() < busy_until:
             await asyncio.sleep(0.05)  # not logged there: safe to send again
