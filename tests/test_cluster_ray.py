@@ -8,6 +8,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import tarfile
 import threading
 import time
 
@@ -599,9 +600,19 @@ def test_sharded_maps_answer_as_one_map(cluster, tmp_path):
             assert detail["frames_integrated"] == n and detail["stats"]["layers"]["tsdf"]["voxels"] > 0
             per = [p["memory_bytes"] for p in detail["shards"]]
             assert len(per) == k and all(p > 0 for p in per)
+            # export: a tar of the shards' snapshots; imported, a sharded map again with the same answers
+            path = c.export(mid, tmp_path / f"sharded{k}.tar")
+            with tarfile.open(path) as tar:
+                assert tar.getnames() == ["manifest.json", *(f"shard{i}.safetensors" for i in range(k))]
             with pytest.raises(ApiError) as e:
-                c.export(mid, tmp_path / "sharded.st")
-            assert e.value.status == 422 and "snapshot" in e.value.detail
+                c.import_map(path, name="flat")
+            assert e.value.status == 409
+            copy = c.import_map(path)  # the stored name is taken: the id, as mapper serve does
+            assert copy["id"] != mid and copy["name"] == copy["id"] and copy["config"]["shards"] == k
+            assert copy["frames_integrated"] == n and len(copy["shards"]) == k
+            for a, b in zip(c.query_tsdf(copy["id"], centres), c_ref, strict=True):
+                np.testing.assert_array_equal(a, b)
+            c.delete_map(copy["id"])
         h = {"Authorization": f"Bearer {TOKEN}"}
         for body, msg in (({"worker": 0}, "say which"), ({"worker": 0, "shard": 3}, "not a shard")):
             r = httpx.post(f"{url}/v1/maps/{sh[3]['id']}/move", json=body, headers=h, timeout=60)

@@ -268,6 +268,11 @@ def test_mapper_serve_without_ray_refuses_shards(tmp_path):
         for bad in (0, "2", 1.5, True):
             r = c.post("/v1/maps", json={"voxel_size_m": 0.25, "shards": bad})
             assert r.status_code == 422 and "shards" in r.text, (bad, r.text)
+        tar = shards.tar_header("manifest.json", 2) + b"{}" + shards.tar_padding(2) + shards.TAR_END
+        r = c.post("/v1/maps/import", content=tar)  # a sharded export: not a snapshot file here
+        assert (
+            r.status_code == 422 and "snapshot" in r.json()["detail"] and not c.get("/v1/maps").json()["maps"]
+        )
         r = c.post("/v1/maps", json={"voxel_size_m": 0.25, "shards": 1})  # one shard: an ordinary map
         assert r.status_code == 201 and "shard" not in r.json()["config"]
         assert c.get("/v1/maps").json()["maps"][0]["id"] == r.json()["id"]
@@ -521,3 +526,52 @@ def test_a_frame_reaches_each_shard_once_when_its_worker_dies(logged):
     assert w.frames[1] == 1 and w.seq[1] == 8 and ack["shards"]["1"]["seq"] == 8
     assert w.frames[0] == 1 and sm.seqs == {0: 6, 1: 8}
     assert "recovered" not in ack and ack["points_used"] == 9
+
+
+def test_sharded_export_format_round_trip_and_errors():
+    """The export tar as ``shards.export`` streams it (headers, padding, end) reads back with Python's
+    tarfile and ``read_export``: the manifest and each shard's bytes; broken archives are refused naming
+    what is wrong, and a snapshot file is not taken for a sharded export."""
+    import io
+    import json
+    import tarfile
+
+    spec = sharding.ShardSpec(0, 2, 3, 1.5, "sabc", "site").to_dict()
+    sm = shards.ShardedMap("sabc", "site", {**CFG, "shard": spec}, [1, 0], ["a", "b"])
+    blobs = [b"x" * 1000, bytes(range(256)) * 3]
+    man = shards.export_manifest(sm, [len(b) for b in blobs])
+    assert man["config"] == CFG and man["shards"] == 2 and (man["block_tiles"], man["halo_m"]) == (3, 1.5)
+
+    def archive(manifest: dict, files: list[bytes], names=None) -> bytes:
+        m = json.dumps(manifest).encode()
+        out = shards.tar_header("manifest.json", len(m)) + m + shards.tar_padding(len(m))
+        for i, b in enumerate(files):
+            name = (names or [f"shard{j}.safetensors" for j in range(len(files))])[i]
+            out += shards.tar_header(name, len(b)) + b + shards.tar_padding(len(b))
+        return out + shards.TAR_END
+
+    data = archive(man, blobs)
+    assert len(data) % 512 == 0 and shards.is_sharded_export(data)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert tar.getnames() == ["manifest.json", "shard0.safetensors", "shard1.safetensors"]
+        assert tar.extractfile("shard1.safetensors").read() == blobs[1]
+    got, files = shards.read_export(data)
+    assert got == man and files == blobs
+    for bad, msg in (
+        (archive({**man, "format": "other"}, blobs), "format 'other'"),
+        (archive(man, blobs[:1]), "shard 1's file shard1.safetensors is missing"),
+        (archive({**man, "shards": 1, "files": man["files"][:1]}, blobs[:1]), "shards \\(an int >= 2\\)"),
+        (archive({k: v for k, v in man.items() if k != "halo_m"}, blobs), "no halo_m"),
+        (archive(man, blobs, ["shard0.safetensors", "other"]), "shard1.safetensors is missing"),
+        (data[:1024] + b"\0" * 10, "not a readable sharded export|shard0"),
+    ):
+        with pytest.raises(InvalidArgument, match=msg):
+            shards.read_export(bad)
+    m = json.dumps(man).encode()
+    no_manifest = shards.tar_header("x.json", len(m)) + m + shards.tar_padding(len(m)) + shards.TAR_END
+    with pytest.raises(InvalidArgument, match="without manifest.json"):
+        shards.read_export(no_manifest)
+    from safetensors.torch import save
+
+    snap = save({"a": torch.zeros(300)}, metadata={"k": "v" * 600})  # a snapshot file: not a tar
+    assert len(snap) > 1024 and not shards.is_sharded_export(snap)

@@ -579,10 +579,21 @@ def create_cluster_app(
 
     @api.post("/v1/maps/import", status_code=201, tags=["maps"], dependencies=[ReadAuth, WriteAuth])
     async def import_map(request: Request):
-        """As ``mapper serve``; the map is placed on the least loaded worker."""
+        """As ``mapper serve``; the map is placed on the least loaded worker. A sharded map's export (a tar)
+        becomes a sharded map again (README "Sharded maps")."""
+        from . import shards
+
         r = router_of(request)
         body = await request.body()
         name = request.query_params.get("name")
+        if shards.is_sharded_export(body):  # a sharded map's export: K shards again
+            if name is not None:
+                from ..store import NAME_PATTERN
+
+                if not re.fullmatch(NAME_PATTERN, name):
+                    raise InvalidMapId(f"query.name: String should match pattern '{NAME_PATTERN}'")
+            async with r.lock:
+                return await shards.import_export(r, body, name)
         async with r.lock:
             if name is not None and any(x.name == name for x in r.routes.values()):
                 raise Conflict(f"name: a map named {name!r} exists")
@@ -841,18 +852,13 @@ async def _sharded_dispatch(r: Router, sm, request: Request, rest: str):
             )
             return _response(resp, resp.content)
         if rest == "export" and method == "GET":
-            raise InvalidArgument(
-                "export: a sharded map has no single snapshot file (it is split so that it need not fit "
-                "one process, and a file imports as one map); POST /v1/maps/{id}/snapshot snapshots "
-                "every shard on the cluster's storage (README 'Sharded maps')"
-            )
+            return await shards.export(r, sm)
         if rest in ("clear", "decay", "snapshot") and method == "POST":
             return await shards.fan_out(r, sm, method, rest, body, _forward_headers(request))
     except shards._Upstream as e:
         return _response(e.resp, e.resp.content)
     raise InvalidArgument(
-        f"{method} /v1/maps/{{id}}/{rest}: not available on a sharded map (README 'Sharded maps': every "
-        "read and edit of mapper serve is, except export)"
+        f"{method} /v1/maps/{{id}}/{rest}: not available on a sharded map (README 'Sharded maps')"
     )
 
 

@@ -5,12 +5,19 @@ its index, K, the block size and the halo). The ingress keeps ``ShardedMap`` rou
 workers' map lists after a restart: the shard configs name their map) and:
 
 - **frames**: decoded once here (to bound their footprint), sent as they came to every shard whose kept
-  region the footprint can reach (``frame_shards``), concurrently; acked once every one of them has acked
-  (each ack means: in that shard's WAL). A shard answering 429 (queue full) is retried here (the frame was
-  not logged there); any other refusal is returned as it is (the other shards may hold the frame).
+  region the footprint can reach (``frame_shards``), concurrently, and their pose alone to shard 0 when
+  it is not one of them (``pose_only_message``: shard 0 holds the trajectory); acked once every one of
+  them has acked (each ack means: in that shard's WAL). Exactly once per shard: a 429 (queue full) is sent
+  again, a worker that died with the frame is asked for its last seq once Ray restarted it
+  (``_send_frame``); any other refusal is returned as it is (the other shards may hold the frame).
 - **queries**: points routed to their owner (``owner_of_points``), answers gathered in the request's order.
-- **slices / boxes**: every involved shard computes the same lattice; each cell is taken from its owner.
-- **mesh**: each shard's mesh reduced to the blocks (bricks) it owns, vertices welded by edge key.
+- **slices / boxes**: every involved shard computes the same lattice; each cell is taken from its owner;
+  a slice without bounds covers the union of the shards' ESDF extents.
+- **mesh** (and the viewer's blocks): each shard's mesh or delta reduced to the blocks (bricks) it owns,
+  vertices welded by edge key; versions are cursors (``MeshCursors``).
+- **status / occupied / trajectory**: summed or united over the shards / owned voxels in one map's order /
+  shard 0's.
+- **export / import**: a tar of the shards' snapshots (``export_manifest``, ``read_export``).
 - **summary / stats**: per layer voxels, bricks and bytes summed; ``shards`` lists the parts.
 
 The functions at the top are pure (numpy / torch, no I/O) and tested without Ray (tests/test_sharding.py).
@@ -440,6 +447,91 @@ def slice_lattice(
     w = max(1, math.ceil((float(params["x_max"]) - x0) / res))
     h = max(1, math.ceil((float(params["y_max"]) - y0) / res))
     return (x0, y0), (h, w), res
+
+
+# ------------------------------------------------------------------------------ export format (pure)
+EXPORT_FORMAT = "mapper-sharded-export/1"
+EXPORT_MEDIA_TYPE = "application/x-tar"
+
+
+def export_manifest(sm: ShardedMap, sizes: list[int]) -> dict:
+    """The ``manifest.json`` of a sharded export: the format, the map's id, name and config (shard 0's,
+    without its ``shard`` entry), K, the block size and halo, and each shard file's name and size."""
+    spec = sm.spec
+    return {
+        "format": EXPORT_FORMAT,
+        "id": sm.id,
+        "name": sm.name,
+        "shards": sm.count,
+        "block_tiles": spec.block_tiles,
+        "halo_m": spec.halo_m,
+        "config": {k: v for k, v in sm.config.items() if k != "shard"},
+        "files": [{"name": f"shard{i}.safetensors", "bytes": int(n)} for i, n in enumerate(sizes)],
+    }
+
+
+def tar_header(name: str, size: int) -> bytes:
+    """The 512-byte (GNU, any size) tar header of a regular file: a sharded export is a tar written as it
+    streams (``manifest.json``, then ``shard<i>.safetensors``, each an exported snapshot)."""
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = int(size), 0o644, 0
+    return info.tobuf(tarfile.GNU_FORMAT)
+
+
+def tar_padding(size: int) -> bytes:
+    return b"\0" * (-int(size) % 512)
+
+
+TAR_END = b"\0" * 1024
+
+
+def is_sharded_export(data: bytes) -> bool:
+    """Whether an import body is a tar (a sharded export) rather than a snapshot file."""
+    return len(data) >= 512 and data[257:262] == b"ustar"
+
+
+def read_export(data: bytes) -> tuple[dict, list[bytes]]:
+    """A sharded export -> (its manifest, the K shard snapshot files in shard order). Raises
+    ``InvalidArgument`` naming what is missing or malformed."""
+    import io
+    import tarfile
+
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            members = {m.name: m for m in tar.getmembers() if m.isfile()}
+            if "manifest.json" not in members:
+                raise InvalidArgument("import: a tar without manifest.json is not a sharded export")
+            man = json.loads(tar.extractfile(members["manifest.json"]).read())
+            if not isinstance(man, dict) or man.get("format") != EXPORT_FORMAT:
+                got = man.get("format") if isinstance(man, dict) else None
+                raise InvalidArgument(f"import: manifest.json format {got!r} is not {EXPORT_FORMAT!r}")
+            k, files = man.get("shards"), man.get("files")
+            if (
+                isinstance(k, bool)
+                or not isinstance(k, int)
+                or k < 2
+                or not isinstance(files, list)
+                or len(files) != k
+            ):
+                raise InvalidArgument(
+                    "import: manifest.json needs shards (an int >= 2) and one file per shard"
+                )
+            out = []
+            for i, f in enumerate(files):
+                name = f.get("name") if isinstance(f, dict) else None
+                if name != f"shard{i}.safetensors" or name not in members:
+                    raise InvalidArgument(f"import: shard {i}'s file shard{i}.safetensors is missing")
+                out.append(tar.extractfile(members[name]).read())
+    except (tarfile.TarError, ValueError, UnicodeDecodeError) as e:
+        if isinstance(e, InvalidArgument):
+            raise
+        raise InvalidArgument(f"import: not a readable sharded export ({type(e).__name__}: {e})") from None
+    for key in ("block_tiles", "halo_m", "config"):
+        if key not in man:
+            raise InvalidArgument(f"import: manifest.json has no {key}")
+    return man, out
 
 
 # ------------------------------------------------------------------------------------- the ingress side
@@ -939,3 +1031,100 @@ async def fan_out(router, sm: ShardedMap, method: str, path: str, body: bytes, h
     out = dict(resps[0].json())
     out["shards"] = [r.json() for r in resps]
     return JSONResponse(out, status_code=resps[0].status_code)
+
+
+async def export(router, sm: ShardedMap):
+    """``GET .../export`` of a sharded map: a tar streamed as it is read (``manifest.json``, then every
+    shard's exported snapshot). Each shard's export is opened under the map's frame lock, so all of them
+    show the same frames (each worker snapshots and opens its file before it answers)."""
+    from fastapi.responses import StreamingResponse
+
+    from ..api.deps import attachment
+
+    resps = []
+    try:
+        async with sm.lock:
+            for i in range(sm.count):
+                resp = await router.send(sm.workers[i], "GET", f"/v1/maps/{sm.ids[i]}/export")
+                resps.append(resp)
+                if resp.status_code != 200:
+                    await resp.aread()
+                    raise _Upstream(resp)
+        sizes = [int(r.headers["content-length"]) for r in resps]
+    except BaseException:
+        for r in resps:
+            await r.aclose()
+        raise
+    man = json.dumps(export_manifest(sm, sizes)).encode()
+
+    async def chunks():
+        try:
+            yield tar_header("manifest.json", len(man)) + man + tar_padding(len(man))
+            for i, (resp, size) in enumerate(zip(resps, sizes, strict=True)):
+                yield tar_header(f"shard{i}.safetensors", size)
+                n = 0
+                async for b in resp.aiter_raw():
+                    n += len(b)
+                    yield b
+                if n != size:  # cut: end the stream without the tar's end (the client sees it broken)
+                    raise RuntimeError(f"shard {i}: export cut after {n} of {size} bytes")
+                yield tar_padding(size)
+            yield TAR_END
+        finally:
+            for r in resps:
+                await r.aclose()
+
+    return StreamingResponse(
+        chunks(),
+        media_type=EXPORT_MEDIA_TYPE,
+        headers={"Content-Disposition": attachment(f"{sm.name}.sharded.tar")},
+    )
+
+
+async def import_export(router, data: bytes, name: str | None):
+    """``POST /v1/maps/import`` of a sharded export: a new sharded map (a new id; the stored name unless
+    ``name`` is given or the stored one is taken) with K shards on the K least loaded workers, each shard
+    loaded from its snapshot file. All or nothing. Caller holds ``router.lock``."""
+    from pathlib import Path
+
+    from fastapi.responses import JSONResponse
+
+    from ..errors import Conflict
+
+    man, files = await asyncio.to_thread(read_export, data)
+    k = check_shards({"shards": man["shards"]}, len(router.workers))
+    taken = {x.name for x in _all_maps(router)}
+    if name is not None and name in taken:
+        raise Conflict(f"name: a map named {name!r} exists")
+    stored = man.get("name") if isinstance(man.get("name"), str) else None
+    map_id = new_sharded_id()
+    name = name or (stored if stored not in taken else None) or map_id
+    tiles, halo = int(man["block_tiles"]), float(man["halo_m"])
+    workers = (await router.ranked())[:k]
+    tmp = Path(router.settings.data_dir) / "imports" / map_id  # on the storage every worker reaches
+    ids: list[str] = []
+    try:
+        await asyncio.to_thread(tmp.mkdir, parents=True, exist_ok=True)
+        for i, (w, blob) in enumerate(zip(workers, files, strict=True)):
+            path = tmp / f"shard{i}.safetensors"
+            await asyncio.to_thread(path.write_bytes, blob)
+            spec = sharding.ShardSpec(i, k, tiles, halo, map_id, name).to_dict()
+            summ = await asyncio.wait_for(
+                _await(router.workers[w].actor.import_shard.remote(f"{map_id}.s{i}", str(path), spec)), 300
+            )
+            ids.append(summ["id"])
+            if i == 0:
+                config = summ["config"]
+    except Exception:
+        for i, mid in enumerate(ids):  # all or nothing
+            await _json_reply(router, workers[i], "DELETE", f"/v1/maps/{mid}")
+        raise
+    finally:
+        import shutil
+
+        await asyncio.to_thread(shutil.rmtree, tmp, True)
+    sm = ShardedMap(map_id, name, config, list(workers), ids)
+    router.sharded[map_id] = sm
+    parts = await asyncio.gather(*(_summary_of(router, sm, i) for i in range(k)))
+    sm.created = parts[0].get("created")
+    return JSONResponse(summary(sm, parts), status_code=201)
