@@ -6,6 +6,7 @@ moved between workers mid-stream loses nothing. Bounded: the whole module dies a
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import signal
 import tarfile
@@ -20,6 +21,7 @@ from test_service_helpers import scan
 
 from mapper import Map
 from mapper.client import ApiError, MapperClient
+from mapper.cluster import shards
 from mapper.cluster.local import serve_in_thread, wait_ready
 from mapper.persistence import DataDir, MapDir, load_snapshot_file
 from mapper.settings import Settings
@@ -607,6 +609,24 @@ def test_sharded_maps_answer_as_one_map(cluster, tmp_path):
             with pytest.raises(ApiError) as e:
                 c.import_map(path, name="flat")
             assert e.value.status == 409
+            if k == 2:  # shard 0's file twice: refused naming it, and shard 0 imported first is removed
+                man, files = shards.read_export(path.read_bytes())
+                m_ = json.dumps(man).encode()
+                bad = shards.tar_header("manifest.json", len(m_)) + m_ + shards.tar_padding(len(m_))
+                for i in range(2):
+                    bad += shards.tar_header(f"shard{i}.safetensors", len(files[0])) + files[0]
+                    bad += shards.tar_padding(len(files[0]))
+
+                def held():
+                    return {x["id"] for x in c.list_maps()}, sorted(
+                        mm for w in cluster_info(url)["workers"] for mm in w["maps"]
+                    )
+
+                before = held()
+                with pytest.raises(ApiError) as e:
+                    c.import_map(bad + shards.TAR_END)
+                assert e.value.status == 422 and "is not shard 1 of 2" in e.value.detail
+                assert held() == before
             copy = c.import_map(path)  # the stored name is taken: the id, as mapper serve does
             assert copy["id"] != mid and copy["name"] == copy["id"] and copy["config"]["shards"] == k
             assert copy["frames_integrated"] == n and len(copy["shards"]) == k

@@ -627,6 +627,18 @@ async def _await(ref):
     return await ref
 
 
+async def _actor(ref, timeout_s: float):
+    """An actor call's result; the library error it raised (``InvalidArgument``...) raised here as itself,
+    so the client gets its 4xx, not a 500."""
+    try:
+        return await asyncio.wait_for(_await(ref), timeout_s)
+    except Exception as e:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, MapperError):
+            raise cause from None
+        raise
+
+
 async def _summary_of(router, sm: ShardedMap, i: int, detail: bool = False) -> dict:
     status, content, _ = await _json_reply(router, sm.workers[i], "GET", f"/v1/maps/{sm.ids[i]}")
     if status != 200:
@@ -1084,9 +1096,8 @@ async def export(router, sm: ShardedMap):
 async def import_export(router, data: bytes, name: str | None):
     """``POST /v1/maps/import`` of a sharded export: a new sharded map (a new id; the stored name unless
     ``name`` is given or the stored one is taken) with K shards on the K least loaded workers, each shard
-    loaded from its snapshot file. All or nothing. Caller holds ``router.lock``."""
-    from pathlib import Path
-
+    loaded by its worker from its snapshot file (sent through Ray's object store: no shared filesystem
+    needed). All or nothing. Caller holds ``router.lock``."""
     from fastapi.responses import JSONResponse
 
     from ..errors import Conflict
@@ -1099,18 +1110,21 @@ async def import_export(router, data: bytes, name: str | None):
     stored = man.get("name") if isinstance(man.get("name"), str) else None
     map_id = new_sharded_id()
     name = name or (stored if stored not in taken else None) or map_id
-    tiles, halo = int(man["block_tiles"]), float(man["halo_m"])
+    if len(router.routes) + len(router.sharded) >= router.settings.max_maps:
+        raise Conflict(f"map limit reached ({router.settings.max_maps} maps; MAPPER_MAX_MAPS)")
+    specs = [
+        sharding.ShardSpec.from_dict(
+            {"index": i, "count": k, "block_tiles": man["block_tiles"], "halo_m": man["halo_m"]}
+        )
+        for i in range(k)
+    ]
     workers = (await router.ranked())[:k]
-    tmp = Path(router.settings.data_dir) / "imports" / map_id  # on the storage every worker reaches
     ids: list[str] = []
     try:
-        await asyncio.to_thread(tmp.mkdir, parents=True, exist_ok=True)
         for i, (w, blob) in enumerate(zip(workers, files, strict=True)):
-            path = tmp / f"shard{i}.safetensors"
-            await asyncio.to_thread(path.write_bytes, blob)
-            spec = sharding.ShardSpec(i, k, tiles, halo, map_id, name).to_dict()
-            summ = await asyncio.wait_for(
-                _await(router.workers[w].actor.import_shard.remote(f"{map_id}.s{i}", str(path), spec)), 300
+            spec = {**specs[i].to_dict(), "map_id": map_id, "name": name}
+            summ = await _actor(
+                router.workers[w].actor.import_shard.remote(f"{map_id}.s{i}", blob, spec), 300
             )
             ids.append(summ["id"])
             if i == 0:
@@ -1119,10 +1133,6 @@ async def import_export(router, data: bytes, name: str | None):
         for i, mid in enumerate(ids):  # all or nothing
             await _json_reply(router, workers[i], "DELETE", f"/v1/maps/{mid}")
         raise
-    finally:
-        import shutil
-
-        await asyncio.to_thread(shutil.rmtree, tmp, True)
     sm = ShardedMap(map_id, name, config, list(workers), ids)
     router.sharded[map_id] = sm
     parts = await asyncio.gather(*(_summary_of(router, sm, i) for i in range(k)))

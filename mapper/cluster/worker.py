@@ -235,17 +235,17 @@ class MapWorker:
 
         return self._call(run())
 
-    def import_shard(self, name: str, path: str, shard: dict) -> dict:
-        """Serve a new map from one shard's snapshot file of a sharded export (``path``, on the shared root)
-        with its ``shard`` entry replaced by ``shard`` (the new sharded map's id, name and this shard's
-        index): the ingress imports sharded exports with it. The snapshot must be a shard with the same
-        index and K. Returns its summary."""
+    def import_shard(self, name: str, snapshot: bytes, shard: dict) -> dict:
+        """Serve a new map from one shard's snapshot file of a sharded export (``snapshot``: its bytes) with
+        its ``shard`` entry replaced by ``shard`` (the new sharded map's id, name and this shard's index):
+        the ingress imports sharded exports with it. The snapshot must be a shard with the same index and
+        K. Returns its summary."""
         from ..errors import InvalidArgument
         from ..map import Map
-        from ..persistence import load_snapshot_file
+        from ..persistence import load_snapshot_bytes
 
         async def run():
-            tensors, meta = await asyncio.to_thread(load_snapshot_file, Path(path))
+            tensors, meta = await asyncio.to_thread(load_snapshot_bytes, snapshot)
             old = (meta.get("config") or {}).get("shard")
             if not isinstance(old, dict) or (old.get("index"), old.get("count")) != (
                 shard["index"],
