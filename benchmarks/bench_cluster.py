@@ -18,7 +18,6 @@ fsync on). Maps are placed by load, so C maps spread over the workers. Frames ar
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import platform
 import sys
@@ -36,25 +35,7 @@ from bench_service import hardware, lidar_scan  # noqa: E402
 
 from mapper import wire  # noqa: E402
 from mapper.client import MapperClient  # noqa: E402
-
-
-@contextlib.contextmanager
-def serve(app):
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 600
-    while not server.started:
-        if not t.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the cluster app did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        t.join(300)
+from mapper.cluster.local import serve_in_thread  # noqa: E402
 
 
 def run_case(url: str, clients: int, frames: list[bytes], warmup_s: float, measure_s: float, voxel: float):
@@ -170,7 +151,10 @@ def run_sharded(args) -> str:
             settings = Settings(
                 data_dir=Path(tmp), device="cpu", snapshot_interval_s=0, memory_budget_bytes=budget
             )
-            with serve(create_cluster_app(settings, workers=args.shards)) as url, MapperClient(url) as c:
+            with (
+                serve_in_thread(create_cluster_app(settings, workers=args.shards)) as url,
+                MapperClient(url) as c,
+            ):
                 flat = c.create_map(name="unsharded", **cfg)["id"]
                 acked, refusal = 0, None
                 for pts, T in scans:
@@ -327,7 +311,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="mapper-cluster-bench-") as tmp:
                 settings = Settings(data_dir=Path(tmp), device=args.device, snapshot_interval_s=0)
                 t0 = time.perf_counter()
-                with serve(create_cluster_app(settings, workers=n)) as url:
+                with serve_in_thread(create_cluster_app(settings, workers=n)) as url:
                     start_s = time.perf_counter() - t0
                     r = run_case(url, args.clients, frames, args.warmup, args.seconds, args.voxel)
                 r["workers"], r["start_s"] = n, start_s

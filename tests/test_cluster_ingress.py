@@ -160,3 +160,34 @@ def test_serve_ray_flag_combinations_refused(argv, message, tmp_path, capsys):
     assert e.value.code == 2
     assert message in capsys.readouterr().err
     assert "MAPPER_FOXGLOVE_PORT" not in os.environ  # a refused command leaves the environment alone
+
+
+def test_serve_in_thread_and_wait_ready():
+    """``mapper.cluster.local``: an app served from a thread answers on the URL it yields; ``wait_ready``
+    returns the ready body, waits for the worker count, and stops on ``alive() == False`` or its timeout."""
+    import httpx
+    from fastapi import FastAPI
+
+    from mapper.cluster.local import serve_in_thread, wait_ready
+
+    app = FastAPI()
+    calls = []
+
+    @app.get("/readyz")
+    async def readyz():
+        calls.append(1)
+        if len(calls) < 3:  # starting: not ready for the first two polls
+            from fastapi.responses import JSONResponse
+
+            return JSONResponse({"type": "unavailable", "detail": "starting"}, status_code=503)
+        return {"status": "ready", "workers": 2}
+
+    with serve_in_thread(app, timeout_s=60) as url:
+        assert url.startswith("http://127.0.0.1:")
+        assert wait_ready(url, 30, workers=2) == {"status": "ready", "workers": 2} and len(calls) == 3
+        with pytest.raises(RuntimeError, match="not ready within 1 s"):
+            wait_ready(url, 1, workers=3)
+        with pytest.raises(RuntimeError, match="stopped before it was ready"):
+            wait_ready(url, 30, alive=lambda: False)
+    with pytest.raises(httpx.HTTPError):  # stopped on exit
+        httpx.get(f"{url}/readyz", timeout=2)

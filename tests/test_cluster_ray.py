@@ -5,10 +5,11 @@ moved between workers mid-stream loses nothing. Bounded: the whole module dies a
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
+import json
 import os
 import signal
+import tarfile
 import threading
 import time
 
@@ -20,6 +21,8 @@ from test_service_helpers import scan
 
 from mapper import Map
 from mapper.client import ApiError, MapperClient
+from mapper.cluster import shards
+from mapper.cluster.local import serve_in_thread, wait_ready
 from mapper.persistence import DataDir, MapDir, load_snapshot_file
 from mapper.settings import Settings
 from mapper.store import save_new_map
@@ -31,26 +34,6 @@ ray = pytest.importorskip(
 WATCHDOG_S = 600  # the module took 403 s at load ~15 on 2 cores (session 3)
 TOKEN, READ = "cluster-token", "cluster-read"
 CONFIG = dict(voxel_size_m=0.25, layers=["tsdf", "esdf"], esdf_max_distance_m=1.0)
-
-
-@contextlib.contextmanager
-def serve(app):
-    """The app on a free loopback port, in a thread; yields its URL."""
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 240
-    while not server.started:
-        assert t.is_alive() and time.monotonic() < deadline, "the cluster app did not start"
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        t.join(120)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +66,7 @@ def cluster(tmp_path_factory):
         malloc_trim_s=0,
     )
     try:
-        with serve(create_cluster_app(settings, workers=3)) as url:
+        with serve_in_thread(create_cluster_app(settings, workers=3), timeout_s=240) as url:
             yield url, root
     finally:
         ray.shutdown()
@@ -403,14 +386,10 @@ def test_mapper_serve_ray_command(tmp_path):
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "mapper serve --ray did not become ready"
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                    break
-            time.sleep(0.5)
+        try:
+            assert wait_ready(url, 180, workers=1, alive=lambda: proc.poll() is None)["status"] == "ready"
+        except RuntimeError as e:
+            raise AssertionError(f"{e}: {(tmp_path / 'serve.log').read_text()[-2000:]}") from None
         with MapperClient(url) as c:
             info = c._request("GET", "/v1/cluster").json()
             assert [w["worker"] for w in info["workers"]] == [0] and info["workers"][0]["pid"] != proc.pid
@@ -500,10 +479,15 @@ def drive(i: int):
 
 def test_sharded_maps_answer_as_one_map(cluster, tmp_path):
     """K = 2 and K = 3 shards (8 m blocks) fed the same frames as an unsharded map (HTTP and a stream) give
-    the same TSDF at every voxel of the unsharded map, the same query answers, ESDF box and slice, and the
-    same mesh; each shard sits on its own worker and holds less than the whole map."""
+    the same TSDF at every voxel of the unsharded map, the same query answers, ESDF box and slice (given
+    bounds and the default ones), mesh (whole, incremental, viewer blocks), status, occupied voxels and
+    trajectory; a shard moved to another worker while frames arrive loses none; each shard sits on its own
+    worker and holds less than the whole map."""
+    from mapper import io
+    from mapper.mesh import apply_delta
+
     url, _ = cluster
-    n = 4
+    n, more = 4, 2
     with MapperClient(url, token=TOKEN) as c:
         flat = c.create_map(name="flat", **CONFIG)["id"]
         sh = {k: c.create_map(name=f"sharded{k}", shards=k, shard_block_m=8.0, **CONFIG) for k in (2, 3)}
@@ -522,6 +506,36 @@ def test_sharded_maps_answer_as_one_map(cluster, tmp_path):
                 acks += s.send_lidar(*drive(i), frame_id=f"s{i}")
             acks += s.flush()
         assert [a["frame_id"] for a in acks] == [f"s{i}" for i in range(n)]
+
+        def raw_mesh(mid, since=None):
+            params = {"format": "msgpack"} | ({} if since is None else {"since_version": since})
+            return io.mesh_from_msgpack(c._request("GET", f"/v1/maps/{mid}/mesh", params=params).content)
+
+        shown = {k: raw_mesh(m["id"]) for k, m in sh.items()}  # the meshes a viewer holds now
+        # shard 1 of the 2-shard map moves to another worker while more frames arrive
+        mover, src = sh[2]["id"], sh[2]["shards"][1]["worker"]
+        target = next(w for w in range(3) if w not in {p["worker"] for p in sh[2]["shards"]})
+        moved = []
+
+        def move():
+            h = {"Authorization": f"Bearer {TOKEN}"}
+            moved.append(
+                httpx.post(
+                    f"{url}/v1/maps/{mover}/move", json={"worker": target, "shard": 1}, headers=h, timeout=120
+                )
+            )
+
+        mover_thread = threading.Thread(target=move)
+        mover_thread.start()
+        for i in range(n, n + more):
+            c.send_lidar(flat, *drive(i))
+            for m in sh.values():
+                assert c.send_lidar(m["id"], *drive(i), frame_id=f"m{i}")["frame_id"] == f"m{i}"
+        mover_thread.join(120)
+        assert moved and moved[0].status_code == 200, moved and moved[0].text
+        assert [p["worker"] for p in moved[0].json()["shards"]][1] == target != src
+        assert owner(url, c.get_map(mover)["shards"][1]["map_id"])["worker"] == target
+        n += more
         assert {m["name"] for m in c.list_maps()} >= {"flat", "sharded2", "sharded3"}
         ref = served_map(c, flat, tmp_path / "flat.st")
         g, d = ref.layer("tsdf")
@@ -537,10 +551,15 @@ def test_sharded_maps_answer_as_one_map(cluster, tmp_path):
         box_ref = c.esdf_box(flat, box_lo, box_hi)
         bounds = ((float(lo[0]), float(lo[1])), (float(hi[0]), float(hi[1])))
         slice_ref = c.esdf_slice(flat, z=0.5, bounds=bounds)
-        mesh_ref = c.mesh(flat)
+        default_ref = c.esdf_slice(flat, z=0.5)
+        mesh_ref = raw_mesh(flat)
+        blocks_ref = c._request("GET", f"/v1/maps/{flat}/mesh/blocks").content
+        status_ref = c._request("GET", f"/v1/maps/{flat}/status").json()
+        traj_ref = c._request("GET", f"/v1/maps/{flat}/trajectory", params={"start": 1}).json()
+        occ_ref = c._request("GET", f"/v1/maps/{flat}/occupied", params={"max_voxels": 200}).json()
 
         def faces(m):
-            v = np.round(m["vertices"].astype(np.float64), 5)[m["faces"].astype(np.int64)]
+            v = np.round(m.vertices.double().numpy(), 5)[m.faces.long().numpy()]
             return sorted(tuple(sorted(map(tuple, f))) for f in v.tolist())
 
         for k, m in sh.items():
@@ -554,25 +573,133 @@ def test_sharded_maps_answer_as_one_map(cluster, tmp_path):
             box = c.esdf_box(mid, box_lo, box_hi)
             for key in ("distance", "gradient", "observed"):
                 np.testing.assert_array_equal(box[key], box_ref[key])
-            sl = c.esdf_slice(mid, z=0.5, bounds=bounds)
-            np.testing.assert_array_equal(sl.distance, slice_ref.distance)
+            for sl, want in (
+                (c.esdf_slice(mid, z=0.5, bounds=bounds), slice_ref),
+                (c.esdf_slice(mid, z=0.5), default_ref),
+            ):
+                assert sl.origin_xy == want.origin_xy
+                np.testing.assert_array_equal(sl.distance, want.distance)
             assert c.esdf_slice_png(mid, z=0.5, bounds=bounds)[:8] == b"\x89PNG\r\n\x1a\n"
-            mesh = c.mesh(mid)
-            assert len(mesh["faces"]) == len(mesh_ref["faces"]) > 100 and faces(mesh) == faces(mesh_ref)
+            mesh = raw_mesh(mid)
+            assert mesh.num_faces == mesh_ref.num_faces > 100 and faces(mesh) == faces(mesh_ref)
+            delta = raw_mesh(mid, since=shown[k].version)  # incremental: since the mesh held before
+            # a delta; the moved map's shard was reloaded, its change log starts again: the whole mesh
+            assert delta.full == (mid == mover) and 0 < delta.num_faces <= mesh.num_faces
+            merged = apply_delta(shown[k], delta)
+            assert merged.num_faces == mesh.num_faces and faces(merged) == faces(mesh)
+            assert raw_mesh(mid, since=10**12).full  # a cursor never handed out: the whole mesh
+            blocks = c._request("GET", f"/v1/maps/{mid}/mesh/blocks").content
+            assert blocks[:8] == blocks_ref[:8] and blocks[24:] == blocks_ref[24:]  # past the versions
+            st = c._request("GET", f"/v1/maps/{mid}/status").json()
+            for key in ("frames_integrated", "trajectory_length", "bounds", "layer_names", "voxel_size_m"):
+                assert st[key] == status_ref[key], key
+            assert st["id"] == mid and st["mesh_version"] == mesh.version
+            traj = c._request("GET", f"/v1/maps/{mid}/trajectory", params={"start": 1}).json()
+            assert traj["positions"] == traj_ref["positions"] and traj["count"] == traj_ref["count"] == n
+            occ = c._request("GET", f"/v1/maps/{mid}/occupied", params={"max_voxels": 200}).json()
+            assert occ["total"] == occ_ref["total"] > 200 and occ["centers"] == occ_ref["centers"]
             detail = c.get_map(mid)
-            assert detail["frames_integrated"] <= n and detail["stats"]["layers"]["tsdf"]["voxels"] > 0
+            assert detail["frames_integrated"] == n and detail["stats"]["layers"]["tsdf"]["voxels"] > 0
             per = [p["memory_bytes"] for p in detail["shards"]]
             assert len(per) == k and all(p > 0 for p in per)
+            # export: a tar of the shards' snapshots; imported, a sharded map again with the same answers
+            path = c.export(mid, tmp_path / f"sharded{k}.tar")
+            with tarfile.open(path) as tar:
+                assert tar.getnames() == ["manifest.json", *(f"shard{i}.safetensors" for i in range(k))]
             with pytest.raises(ApiError) as e:
-                c.mesh(mid, since_version=1)
-            assert e.value.status == 422
-        r = httpx.post(
-            f"{url}/v1/maps/{sh[3]['id']}/move",
-            json={"worker": 0},
-            headers={"Authorization": f"Bearer {TOKEN}"},
-        )
-        assert r.status_code == 422 and "sharded" in r.json()["detail"]
+                c.import_map(path, name="flat")
+            assert e.value.status == 409
+            if k == 2:  # shard 0's file twice: refused naming it, and shard 0 imported first is removed
+                man, files = shards.read_export(path.read_bytes())
+                m_ = json.dumps(man).encode()
+                bad = shards.tar_header("manifest.json", len(m_)) + m_ + shards.tar_padding(len(m_))
+                for i in range(2):
+                    bad += shards.tar_header(f"shard{i}.safetensors", len(files[0])) + files[0]
+                    bad += shards.tar_padding(len(files[0]))
+
+                def held():
+                    return {x["id"] for x in c.list_maps()}, sorted(
+                        mm for w in cluster_info(url)["workers"] for mm in w["maps"]
+                    )
+
+                before = held()
+                with pytest.raises(ApiError) as e:
+                    c.import_map(bad + shards.TAR_END)
+                assert e.value.status == 422 and "is not shard 1 of 2" in e.value.detail
+                assert held() == before
+            copy = c.import_map(path)  # the stored name is taken: the id, as mapper serve does
+            assert copy["id"] != mid and copy["name"] == copy["id"] and copy["config"]["shards"] == k
+            assert copy["frames_integrated"] == n and len(copy["shards"]) == k
+            for a, b in zip(c.query_tsdf(copy["id"], centres), c_ref, strict=True):
+                np.testing.assert_array_equal(a, b)
+            c.delete_map(copy["id"])
+        h = {"Authorization": f"Bearer {TOKEN}"}
+        for body, msg in (({"worker": 0}, "say which"), ({"worker": 0, "shard": 3}, "not a shard")):
+            r = httpx.post(f"{url}/v1/maps/{sh[3]['id']}/move", json=body, headers=h, timeout=60)
+            assert r.status_code == 422 and msg in r.json()["detail"], r.text
+        r = httpx.post(f"{url}/v1/maps/{flat}/move", json={"worker": 0, "shard": 0}, headers=h, timeout=60)
+        assert r.status_code == 422 and "not sharded" in r.json()["detail"]
         c.delete_map(sh[2]["id"])
         with pytest.raises(ApiError) as e:
             c.get_map(sh[2]["id"])
         assert e.value.status == 404
+
+
+def test_sigkill_of_a_shard_worker_mid_stream_loses_nothing(cluster):
+    """A stream into a 2-shard map; the worker hosting shard 1 is killed (SIGKILL) mid-stream. The frame it
+    held is sent again or taken from its WAL once Ray restarted it, so every frame is acked once, in order,
+    the map answers again within 60 s, and it equals a map fed every frame."""
+    url, _ = cluster
+    n_frames = 14
+    with MapperClient(url, token=TOKEN) as c:
+        m = c.create_map(name="shard-crash", shards=2, shard_block_m=8.0, **CONFIG)
+    mid = m["id"]
+    victim = owner(url, m["shards"][1]["map_id"])
+    acks: list[dict] = []
+    errors: list[BaseException] = []
+
+    def stream():
+        try:
+            with MapperClient(url, token=TOKEN) as c2, c2.stream(mid, window=2) as s:
+                for i in range(n_frames):
+                    acks.extend(s.send_lidar(*drive(i), frame_id=f"k{i}"))
+                acks.extend(s.flush())
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=stream)
+    t.start()
+    deadline = time.monotonic() + 120
+    while len(acks) < 4 and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(victim["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    with MapperClient(url, token=TOKEN) as c:
+        while True:  # the map answers again (Ray restarted the worker; it recovered the shard)
+            try:
+                c.get_map(mid)
+                break
+            except (ApiError, httpx.HTTPError):
+                assert time.monotonic() - killed < 60, "the map did not answer within 60 s of the kill"
+                time.sleep(0.5)
+        assert time.monotonic() - killed < 60
+        t.join(180)
+        assert not t.is_alive() and not errors, errors
+        assert [a["frame_id"] for a in acks] == [f"k{i}" for i in range(n_frames)]
+        assert owner(url, m["shards"][1]["map_id"])["pid"] != victim["pid"]
+        assert c.get_map(mid)["frames_integrated"] == n_frames
+        ref = Map(**CONFIG, device="cpu")
+        for i in range(n_frames):
+            ref.integrate_lidar(*drive(i))
+        g, _ = ref.layer("tsdf")
+        centres = ((g.ijk.double() + 0.5) * CONFIG["voxel_size_m"]).float().numpy()
+        got, want = c.query_tsdf(mid, centres), ref.query_tsdf(torch.from_numpy(centres))
+        assert (want[1] > 0).sum() > 1000
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(
+                np.nan_to_num(a, nan=9), np.nan_to_num(b.numpy(), nan=9), rtol=0, atol=1e-5
+            )
+        traj = c._request("GET", f"/v1/maps/{mid}/trajectory").json()
+        assert traj["count"] == n_frames
+        want = np.stack([drive(i)[1][:3, 3] for i in range(n_frames)])
+        np.testing.assert_allclose(np.asarray(traj["positions"]), want, rtol=0, atol=1e-9)

@@ -115,13 +115,13 @@ def test_gather_rows_and_cells_by_hand():
 CFG = dict(voxel_size_m=0.25, layers=["tsdf", "esdf"], esdf_max_distance_m=1.0)
 
 
-def frames(n: int):
+def frames(n: int, y0: float = 0.0):
     out = []
     for i in range(n):
         pts, T = scan(i, n=900, seed=3)
         T = T.copy()
         T[0, 3] = 4.0 * i  # drive 4 m per frame: the map spans several blocks
-        T[1, 3] = -1.0 * i
+        T[1, 3] = y0 - 1.0 * i
         out.append(wire.LidarFrame(pts, T))
     return out
 
@@ -268,6 +268,11 @@ def test_mapper_serve_without_ray_refuses_shards(tmp_path):
         for bad in (0, "2", 1.5, True):
             r = c.post("/v1/maps", json={"voxel_size_m": 0.25, "shards": bad})
             assert r.status_code == 422 and "shards" in r.text, (bad, r.text)
+        tar = shards.tar_header("manifest.json", 2) + b"{}" + shards.tar_padding(2) + shards.TAR_END
+        r = c.post("/v1/maps/import", content=tar)  # a sharded export: not a snapshot file here
+        assert (
+            r.status_code == 422 and "snapshot" in r.json()["detail"] and not c.get("/v1/maps").json()["maps"]
+        )
         r = c.post("/v1/maps", json={"voxel_size_m": 0.25, "shards": 1})  # one shard: an ordinary map
         assert r.status_code == 201 and "shard" not in r.json()["config"]
         assert c.get("/v1/maps").json()["maps"][0]["id"] == r.json()["id"]
@@ -314,3 +319,259 @@ def test_depth_frames_through_the_routing_equal_one_map():
     for i in range(k):
         mine = owned_voxels(parts[i], i, k, tiles)
         assert len(mine) > 500 and mine == owned_voxels(full, i, k, tiles)
+
+
+# a 4 m range drive 40 m off the x axis over 16 m blocks: half of its frames miss shard 0 (K = 3)
+SHORT = {**CFG, "max_range_m": 4.0}
+LIMITS = wire.Limits(10**6, 10**7, 10**6, 1e6)
+
+
+def feed(full: Map, parts: list[Map], f) -> list[int]:
+    """One frame into one map and into K shards as the ingress routes it: to the shards its footprint
+    reaches, and its pose alone to shard 0 when shard 0 is not one of them. Returns the shards reached."""
+    full.integrate_lidar(f.points, f.T_world_sensor)
+    targets = shards.frame_shards(f, parts[0].config()) or [0]
+    for i in targets:
+        parts[i].integrate_lidar(f.points, f.T_world_sensor)
+    if 0 not in targets:
+        p = wire.parse_frame(wire.unpackb(wire.packb(shards.pose_only_message(f))), LIMITS)
+        parts[0].integrate_lidar(p.points, p.T_world_sensor)
+    return targets
+
+
+def routed(k: int, tiles: int, cfg: dict, n: int, y0: float = 40.0):
+    """One map and K shards fed ``frames(n, y0)`` through ``feed``. Returns (the map, the shards, the
+    shards each frame reached)."""
+    full = Map(**cfg, device="cpu")
+    halo = sharding.halo_for(full.config())
+    parts = [
+        Map(**full.config(), shard=sharding.ShardSpec(i, k, tiles, halo).to_dict(), device="cpu")
+        for i in range(k)
+    ]
+    reached = [feed(full, parts, f) for f in frames(n, y0)]
+    return full, parts, reached
+
+
+def test_pose_only_frames_give_shard_0_the_trajectory_and_change_no_voxel():
+    """Shard 0 gets every frame (the frame or its pose alone): its trajectory and frame count are one map's;
+    a pose-only frame allocates nothing (a map fed only those stays empty)."""
+    full, parts, reached = routed(3, 2, SHORT, 8)
+    assert sum(0 not in r for r in reached) >= 3, "some frames reach shard 0 as poses only"
+    T_ref, _, s_ref = full.trajectory(0)
+    T0, _, s0 = parts[0].trajectory(0)
+    assert s0 == s_ref == 0 and torch.equal(T0, T_ref) and T0.shape[0] == 8
+    assert parts[0].frames_integrated == full.frames_integrated == 8
+    empty = Map(**CFG, device="cpu")
+    fr = frames(8, 40.0)
+    fr[3].frame_id, fr[3].timestamp = "f3", 12.5
+    for f in fr:
+        p = wire.parse_frame(wire.unpackb(wire.packb(shards.pose_only_message(f))), LIMITS)
+        assert (p.timestamp, p.frame_id) == (f.timestamp, f.frame_id)
+        assert np.array_equal(p.T_world_sensor, f.T_world_sensor)
+        assert shards.frame_footprint(p, empty.config()) is None
+        empty.integrate_lidar(p.points, p.T_world_sensor)
+    assert sum(empty.bricks.values()) == 0 and empty.trajectory(0)[0].shape[0] == len(fr)
+
+
+def mesh_equal(a, b) -> None:
+    """Two block meshes are the same: blocks, face offsets, faces by vertex key, vertex positions, normals,
+    and their viewer block encodings past the version fields."""
+    from mapper import viewer
+
+    assert torch.equal(a.blocks, b.blocks) and torch.equal(a.block_face_offsets, b.block_face_offsets)
+    assert torch.equal(a.vertex_keys, b.vertex_keys)
+    assert torch.equal(a.vertex_keys[a.faces.long()], b.vertex_keys[b.faces.long()])
+    assert torch.equal(a.vertices, b.vertices) and torch.equal(a.normals, b.normals)
+    ea, eb = viewer.mesh_to_blocks_bytes(a), viewer.mesh_to_blocks_bytes(b)
+    assert ea[:8] == eb[:8] and ea[24:] == eb[24:]
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_incremental_mesh_of_shards_equals_one_maps_mesh(k):
+    """The gathered mesh, then the gathered deltas since its cursor merged into it (``apply_delta``, what the
+    viewer does with ``mesh/blocks?since_version=``), equal one map's whole mesh after every step; the
+    cursor is the sum of the shards' versions, remembered with them."""
+    from mapper.mesh import apply_delta
+
+    full, parts, _ = routed(k, 2, SHORT, 3)
+    cursors = shards.MeshCursors()
+    first = {i: m.mesh() for i, m in enumerate(parts)}
+    shown = shards.gather_mesh(first, k, 2, cursors.issue([m.version for m in first.values()]))
+    assert shown.full and shown.version == sum(m.mesh_version for m in parts)
+    mesh_equal(shown, full.mesh())
+    deltas = 0
+    for f in frames(7, 40.0)[3:]:
+        feed(full, parts, f)
+        vec = cursors.lookup(shown.version)
+        assert vec is not None and len(vec) == k
+        got = {i: parts[i].mesh(since_version=vec[i]) for i in range(k)}
+        assert not any(m.full for m in got.values())
+        delta = shards.gather_mesh(got, k, 2, cursors.issue([m.version for m in got.values()]))
+        assert not delta.full and delta.num_faces < full.mesh().num_faces
+        delta.since_version = shown.version
+        deltas += int(delta.blocks.shape[0] + delta.removed_blocks.shape[0])
+        shown = apply_delta(shown, delta)
+        mesh_equal(shown, full.mesh())
+    assert deltas > 0
+    assert cursors.lookup(10**9) is None  # an unknown cursor: the ingress sends the whole mesh
+    with pytest.raises(InvalidArgument, match="mix of full meshes and deltas"):
+        shards.gather_mesh({0: parts[0].mesh(), 1: parts[1].mesh(since_version=0)}, k, 2)
+
+
+def test_cursors_are_bounded_and_follow_the_newest_versions():
+    c = shards.MeshCursors(keep=3)
+    assert c.issue([1, 2]) == 3 and c.lookup(3) == (1, 2)
+    for v in ([2, 2], [2, 3], [3, 3]):
+        c.issue(v)
+    assert c.lookup(3) is None and c.lookup(6) == (3, 3) and len(c.table) == 3  # the oldest forgotten
+
+
+@pytest.mark.parametrize("cap", [None, 97])
+def test_occupied_voxels_and_bounds_of_shards_equal_one_maps(cap):
+    """The owned occupied voxels of K shards, in one map's grid order and strided as it strides them, equal
+    ``Map.occupied_voxels``; the union of the shards' layer bounds and ESDF extents equal one map's (the
+    viewer's status and the slice's default bounds), and the slice over that extent is one map's."""
+    k = 3
+    full, parts, _ = routed(k, 2, {**SHORT, "layers": ["tsdf", "occupancy", "esdf"]}, 8)
+    ref, total = full.occupied_voxels(cap)
+    replies = {}
+    for i, m in enumerate(parts):
+        c, n = m.occupied_voxels()
+        replies[i] = {"centers": c.numpy(), "total": n, "capped": False, "voxel_size_m": 0.25}
+    got = shards.gather_occupied(replies, k, 2, cap or 10**6)
+    assert got["total"] == total > 100 and got["capped"] == (cap is not None)
+    np.testing.assert_array_equal(got["centers"], ref.numpy())
+    for name, (lo, hi) in full.bounds().items():
+        have = [m.bounds()[name] for m in parts if name in m.bounds()]
+        assert [min(b[0][a] for b in have) for a in range(3)] == lo
+        assert [max(b[1][a] for b in have) for a in range(3)] == hi
+    ext = [m._esdf_bounds() for m in parts]
+    lo = torch.stack([e[0] for e in ext]).min(0).values
+    hi = torch.stack([e[1] for e in ext]).max(0).values
+    flo, fhi = full._esdf_bounds()
+    assert torch.equal(lo, flo) and torch.equal(hi, fhi)
+    ref_slice = full.esdf_slice(0.5)
+    params = {"x_min": repr(float(lo[0])), "y_min": repr(float(lo[1]))}
+    params |= {"x_max": repr(float(hi[0])), "y_max": repr(float(hi[1]))}
+    origin, shape, res = shards.slice_lattice(params, full.esdf_voxel_size_m)
+    assert shape == tuple(ref_slice.distance.shape) and origin == ref_slice.origin_xy
+    owner = sharding.owner_of_points(
+        torch.from_numpy(shards.lattice_centres(origin, res, shape[::-1]).reshape(-1, 2)), 0.25, k, 2
+    )
+    owner = owner.numpy().reshape(shape[1], shape[0]).T
+    sl = {
+        i: {"distance": m.esdf_slice(0.5, lo[:2].tolist(), hi[:2].tolist()).distance.numpy()}
+        for i, m in enumerate(parts)
+    }
+    got = shards.gather_cells(sl, owner, ("distance",))["distance"]
+    np.testing.assert_array_equal(got, ref_slice.distance.numpy())
+
+
+class FakeWorkers:
+    """The ingress's view of two shard workers (``Router.json``): frames are logged (seq + 1) and acked;
+    ``die``: the next frame to shard 1 kills its worker after (``logged=True``) or before logging it."""
+
+    def __init__(self, die: bool, logged: bool):
+        self.seq = {0: 5, 1: 7}
+        self.die, self.logged = die, logged
+        self.frames = {0: 0, 1: 0}
+
+    async def json(self, index, method, path, **kw):
+        import httpx
+
+        from mapper.cluster.ingress import WorkerLost
+
+        shard = int(path.split("/")[3][-1])
+        if method == "GET":
+            body = {"last_seq": self.seq[shard], "version": 100 + self.seq[shard]}
+            return httpx.Response(200, json=body)
+        if shard == 1 and self.die:
+            self.die = False
+            if self.logged:
+                self.seq[1] += 1
+                self.frames[1] += 1
+            raise WorkerLost("map worker 1 failed during the request")
+        self.seq[shard] += 1
+        self.frames[shard] += 1
+        return httpx.Response(200, json={"seq": self.seq[shard], "map_version": 3, "points_used": 9})
+
+
+@pytest.mark.parametrize("logged", [True, False])
+def test_a_frame_reaches_each_shard_once_when_its_worker_dies(logged):
+    """``WorkerLost`` on shard 1 (its worker died holding the frame): once the worker answers again its last
+    seq says whether the frame is in its WAL (acked as recovered) or not (sent again); either way shard 1
+    holds the frame once and the frame is acked with the ack of a shard that answered it."""
+    import asyncio
+
+    w = FakeWorkers(die=True, logged=logged)
+    spec = sharding.ShardSpec(0, 2, 2, 4.25, "m", "m").to_dict()
+    sm = shards.ShardedMap("m", "m", {**SHORT, "voxel_size_m": 0.25, "shard": spec}, [0, 1], ["m.s0", "m.s1"])
+    f = frames(8, 40.0)[0]
+    f.frame_id = "x"
+    body = wire.packb(wire.lidar_message(f.points, f.T_world_sensor, frame_id="x"))
+
+    class Settings:
+        max_points_per_frame, max_image_pixels, max_query_points, max_pose_translation_m = (
+            10**6,
+            10**7,
+            10**6,
+            1e6,
+        )
+
+    async def run():
+        return await shards.integrate(w, sm, body, wire.MSGPACK, Settings)
+
+    status, ack = asyncio.run(run())
+    assert status == 200 and ack["frame_id"] == "x", ack
+    assert w.frames[1] == 1 and w.seq[1] == 8 and ack["shards"]["1"]["seq"] == 8
+    assert w.frames[0] == 1 and sm.seqs == {0: 6, 1: 8}
+    assert "recovered" not in ack and ack["points_used"] == 9
+
+
+def test_sharded_export_format_round_trip_and_errors():
+    """The export tar as ``shards.export`` streams it (headers, padding, end) reads back with Python's
+    tarfile and ``read_export``: the manifest and each shard's bytes; broken archives are refused naming
+    what is wrong, and a snapshot file is not taken for a sharded export."""
+    import io
+    import json
+    import tarfile
+
+    spec = sharding.ShardSpec(0, 2, 3, 1.5, "sabc", "site").to_dict()
+    sm = shards.ShardedMap("sabc", "site", {**CFG, "shard": spec}, [1, 0], ["a", "b"])
+    blobs = [b"x" * 1000, bytes(range(256)) * 3]
+    man = shards.export_manifest(sm, [len(b) for b in blobs])
+    assert man["config"] == CFG and man["shards"] == 2 and (man["block_tiles"], man["halo_m"]) == (3, 1.5)
+
+    def archive(manifest: dict, files: list[bytes], names=None) -> bytes:
+        m = json.dumps(manifest).encode()
+        out = shards.tar_header("manifest.json", len(m)) + m + shards.tar_padding(len(m))
+        for i, b in enumerate(files):
+            name = (names or [f"shard{j}.safetensors" for j in range(len(files))])[i]
+            out += shards.tar_header(name, len(b)) + b + shards.tar_padding(len(b))
+        return out + shards.TAR_END
+
+    data = archive(man, blobs)
+    assert len(data) % 512 == 0 and shards.is_sharded_export(data)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert tar.getnames() == ["manifest.json", "shard0.safetensors", "shard1.safetensors"]
+        assert tar.extractfile("shard1.safetensors").read() == blobs[1]
+    got, files = shards.read_export(data)
+    assert got == man and files == blobs
+    for bad, msg in (
+        (archive({**man, "format": "other"}, blobs), "format 'other'"),
+        (archive(man, blobs[:1]), "shard 1's file shard1.safetensors is missing"),
+        (archive({**man, "shards": 1, "files": man["files"][:1]}, blobs[:1]), "shards \\(an int >= 2\\)"),
+        (archive({k: v for k, v in man.items() if k != "halo_m"}, blobs), "no halo_m"),
+        (archive(man, blobs, ["shard0.safetensors", "other"]), "shard1.safetensors is missing"),
+        (data[:1024] + b"\0" * 10, "not a readable sharded export|shard0"),
+    ):
+        with pytest.raises(InvalidArgument, match=msg):
+            shards.read_export(bad)
+    m = json.dumps(man).encode()
+    no_manifest = shards.tar_header("x.json", len(m)) + m + shards.tar_padding(len(m)) + shards.TAR_END
+    with pytest.raises(InvalidArgument, match="without manifest.json"):
+        shards.read_export(no_manifest)
+    from safetensors.torch import save
+
+    snap = save({"a": torch.zeros(300)}, metadata={"k": "v" * 600})  # a snapshot file: not a tar
+    assert len(snap) > 1024 and not shards.is_sharded_export(snap)

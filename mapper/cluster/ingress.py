@@ -200,7 +200,13 @@ class Router:
                 raise Unavailable(f"map worker {i}: listing maps answered {resp.status_code}")
             for m in resp.json()["maps"]:
                 summaries[m["id"]] = (i, m)
-        self.sharded, shard_ids = shards.group_shards(summaries)
+        sharded, shard_ids = shards.group_shards(summaries)
+        for map_id, sm in sharded.items():  # keep the live objects (their frame lock, gate and cursors)
+            old = self.sharded.get(map_id)
+            if old is not None and not old.gate.paused:
+                old.workers, old.ids = sm.workers, sm.ids
+            sharded[map_id] = old or sm
+        self.sharded = {**{k: v for k, v in self.sharded.items() if v.gate.paused}, **sharded}
         for mid, (i, m) in summaries.items():
             if mid not in shard_ids:
                 found[mid] = (i, m["name"])
@@ -283,51 +289,62 @@ class Router:
         except Exception as e:
             return {"worker": index, "error": f"{type(e).__name__}: not answering (restarting?)"}
 
-    async def move(self, map_id: str, target: int) -> dict:
-        """Move a map to worker ``target``: close its gate, wait for the work in flight, snapshot and
-        close it on its owner, rename its directory into the target's, recover it there (snapshot + WAL
-        tail), switch the route, reopen. No acknowledged frame can be lost: frames are acked only once in
-        the WAL, and the WAL travels with the directory."""
-        from ..api.errors import Unavailable
-
-        if not 0 <= target < len(self.workers):
-            raise InvalidArgument(f"worker: {target} is not a worker (0..{len(self.workers) - 1})")
+    async def move(self, map_id: str, target: int, shard: int | None = None) -> dict:
+        """Move a map (or, of a sharded map, its shard ``shard``) to worker ``target``: close its gate, wait
+        for the work in flight, snapshot and close it on its owner, rename its directory into the target's,
+        recover it there (snapshot + WAL tail), switch the route, reopen. No acknowledged frame can be lost:
+        frames are acked only once in the WAL, and the WAL travels with the directory."""
+        if isinstance(target, bool) or not isinstance(target, int) or not 0 <= target < len(self.workers):
+            raise InvalidArgument(f"worker: {target!r} is not a worker (0..{len(self.workers) - 1})")
         if map_id in self.sharded:
-            raise InvalidArgument(
-                f"map {map_id!r} is sharded: its shards do not move (README 'Sharded maps')"
-            )
+            return await self._move_shard(self.sharded[map_id], shard, target)
+        if shard is not None:
+            raise InvalidArgument(f"shard: map {map_id!r} is not sharded (leave shard out)")
         async with self.lock:
             r = self.route(map_id)
             src = r.worker
             if src == target:
                 return await self._summary(target, map_id)
-            r.paused = True
-            r.resumed.clear()
-            try:
-                try:
-                    await asyncio.wait_for(r.idle.wait(), MOVE_QUIESCE_S)
-                except TimeoutError:
-                    raise Unavailable(
-                        f"map {map_id!r}: requests in flight did not finish within {MOVE_QUIESCE_S:g} s"
-                    ) from None
-                t = time.perf_counter()
-                a, b = self.workers[src].actor, self.workers[target].actor
-                await _await(a.detach.remote(map_id))
-                path = await _await(a.map_path.remote(map_id))
-                try:
-                    await _await(b.attach.remote(map_id, path))
-                except Exception:
-                    log.exception(
-                        "map %s: attach on worker %d failed; back to worker %d", map_id, target, src
-                    )
-                    await _await(a.attach.remote(map_id, await _await(b.map_path.remote(map_id))))
-                    raise
+            async with _closed(r):
+                await self._transfer(map_id, src, target)
                 r.worker, r.version = target, r.version + 1
-                log.info("map %s: moved %d -> %d in %.2f s", map_id, src, target, time.perf_counter() - t)
-            finally:
-                r.paused = False
-                r.resumed.set()
         return await self._summary(target, map_id)
+
+    async def _move_shard(self, sm, shard: int | None, target: int) -> dict:
+        """Move shard ``shard`` of a sharded map: its gate closes every request to the map (frames, reads)
+        while the shard is handed over, as ``move`` does for one map."""
+        from . import shards
+
+        if shard is None or isinstance(shard, bool) or not isinstance(shard, int):
+            raise InvalidArgument(
+                f"shard: map {sm.id!r} is sharded: say which of its shards 0..{sm.count - 1} moves "
+                f"(got {shard!r})"
+            )
+        if not 0 <= shard < sm.count:
+            raise InvalidArgument(f"shard: {shard} is not a shard of map {sm.id!r} (0..{sm.count - 1})")
+        async with self.lock:
+            src = sm.workers[shard]
+            if src != target:
+                async with _closed(sm.gate):
+                    await self._transfer(sm.ids[shard], src, target)
+                    sm.workers[shard] = target
+        parts = await asyncio.gather(*(shards._summary_of(self, sm, i) for i in range(sm.count)))
+        return shards.summary(sm, parts)
+
+    async def _transfer(self, map_id: str, src: int, target: int) -> None:
+        """Hand a quiet map over from worker ``src`` to ``target`` (detach, rename, attach; back to ``src``
+        when the target cannot recover it)."""
+        t = time.perf_counter()
+        a, b = self.workers[src].actor, self.workers[target].actor
+        await _await(a.detach.remote(map_id))
+        path = await _await(a.map_path.remote(map_id))
+        try:
+            await _await(b.attach.remote(map_id, path))
+        except Exception:
+            log.exception("map %s: attach on worker %d failed; back to worker %d", map_id, target, src)
+            await _await(a.attach.remote(map_id, await _await(b.map_path.remote(map_id))))
+            raise
+        log.info("map %s: moved %d -> %d in %.2f s", map_id, src, target, time.perf_counter() - t)
 
     async def _summary(self, index: int, map_id: str) -> dict:
         resp = await self.json(index, "GET", f"/v1/maps/{map_id}")
@@ -339,6 +356,24 @@ class Router:
 
 async def _await(ref):
     return await ref
+
+
+@contextlib.asynccontextmanager
+async def _closed(gate: Route):
+    """Close a gate (new requests wait), wait until the ones in flight are answered, reopen on exit."""
+    from ..api.errors import Unavailable
+
+    gate.paused = True
+    gate.resumed.clear()
+    try:
+        try:
+            await asyncio.wait_for(gate.idle.wait(), MOVE_QUIESCE_S)
+        except TimeoutError:
+            raise Unavailable(f"requests in flight did not finish within {MOVE_QUIESCE_S:g} s") from None
+        yield
+    finally:
+        gate.paused = False
+        gate.resumed.set()
 
 
 def _forward_headers(request: Request) -> dict:
@@ -544,10 +579,21 @@ def create_cluster_app(
 
     @api.post("/v1/maps/import", status_code=201, tags=["maps"], dependencies=[ReadAuth, WriteAuth])
     async def import_map(request: Request):
-        """As ``mapper serve``; the map is placed on the least loaded worker."""
+        """As ``mapper serve``; the map is placed on the least loaded worker. A sharded map's export (a tar)
+        becomes a sharded map again (README "Sharded maps")."""
+        from . import shards
+
         r = router_of(request)
         body = await request.body()
         name = request.query_params.get("name")
+        if shards.is_sharded_export(body):  # a sharded map's export: K shards again
+            if name is not None:
+                from ..store import NAME_PATTERN
+
+                if not re.fullmatch(NAME_PATTERN, name):
+                    raise InvalidMapId(f"query.name: String should match pattern '{NAME_PATTERN}'")
+            async with r.lock:
+                return await shards.import_export(r, body, name)
         async with r.lock:
             if name is not None and any(x.name == name for x in r.routes.values()):
                 raise Conflict(f"name: a map named {name!r} exists")
@@ -583,9 +629,12 @@ def create_cluster_app(
         return {"maps": sorted(maps, key=lambda m: m.get("created") or "")}
 
     @api.post("/v1/maps/{map_id}/move", tags=["cluster"], dependencies=[ReadAuth, WriteAuth])
-    async def move_map(request: Request, map_id: str, worker: int = Body(..., embed=True)) -> dict:
-        """Move the map to another worker (snapshot, WAL tail, routing switch); frames sent meanwhile wait."""
-        return await router_of(request).move(map_id, worker)
+    async def move_map(
+        request: Request, map_id: str, worker: int = Body(..., embed=True), shard: int | None = Body(None)
+    ) -> dict:
+        """Move the map to another worker (snapshot, WAL tail, routing switch); frames sent meanwhile wait.
+        A sharded map moves one shard at a time: ``shard`` says which (0..K-1)."""
+        return await router_of(request).move(map_id, worker, shard)
 
     @api.websocket("/v1/maps/{map_id}/stream")
     async def stream(ws: WebSocket, map_id: str):
@@ -705,8 +754,33 @@ async def _sharded_summaries(r: Router) -> list[dict]:
 
 
 async def _sharded_request(r: Router, sm, request: Request, rest: str):
-    """A ``/v1/maps/{id}/...`` request to a sharded map (``mapper.cluster.shards``)."""
-    from ..api.deps import reply
+    """A ``/v1/maps/{id}/...`` request to a sharded map (``mapper.cluster.shards``), through the map's gate
+    (closed while one of its shards moves)."""
+    from . import shards
+
+    if rest == "" and request.method == "DELETE":
+        async with r.lock:
+            return await shards.delete(r, sm)
+    async with sm.gate.use():
+        return await _sharded_dispatch(r, sm, request, rest)
+
+
+def _query_int(request: Request, name: str, lo: int, hi: int, default: int | None) -> int | None:
+    """An integer query parameter checked as ``mapper serve`` checks it (422 naming it)."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"query.{name}: Input should be a valid integer, got {raw!r}") from None
+    if not lo <= v <= hi:
+        raise InvalidArgument(f"query.{name}: expected an integer in [{lo}, {hi}], got {v}")
+    return v
+
+
+async def _sharded_dispatch(r: Router, sm, request: Request, rest: str):
+    from ..api.deps import VERSION_HEADER, reply
     from . import shards
 
     method, body = request.method, await request.body()
@@ -714,9 +788,6 @@ async def _sharded_request(r: Router, sm, request: Request, rest: str):
     try:
         if rest == "" and method == "GET":
             return await shards.get_map(r, sm)
-        if rest == "" and method == "DELETE":
-            async with r.lock:
-                return await shards.delete(r, sm)
         if rest == "frames" and method == "POST":
             status, out = await shards.integrate(r, sm, body, ctype, r.settings)
             return reply(request, out, status_code=status)
@@ -747,27 +818,47 @@ async def _sharded_request(r: Router, sm, request: Request, rest: str):
             return reply(request, out)
         if rest == "esdf/box" and method == "POST":
             return reply(request, await shards.box(r, sm, body, ctype))
-        if rest == "mesh" and method == "GET":
-            from .. import io, wire
+        if rest in ("mesh", "mesh/blocks") and method == "GET":
+            from .. import io, viewer, wire
 
             fmt = request.query_params.get("format", "ply")
-            if request.query_params.get("since_version") is not None:
-                raise InvalidArgument(
-                    "since_version: not available on a sharded map (ask for the whole mesh)"
-                )
-            if fmt not in ("ply", "msgpack"):
+            if rest == "mesh" and fmt not in ("ply", "msgpack"):
                 raise InvalidArgument(f"format: expected 'ply' or 'msgpack', got {fmt!r}")
-            m = await shards.mesh(r, sm)
+            since = _query_int(request, "since_version", 0, 2**62, None)
+            m, map_version = await shards.mesh(r, sm, since)
+            headers = {VERSION_HEADER: str(map_version), "X-Mapper-Mesh-Version": str(m.version)}
+            if rest == "mesh/blocks":
+                out = await asyncio.to_thread(viewer.mesh_to_blocks_bytes, m)
+                return Response(out, media_type=viewer.MEDIA_TYPE, headers=headers)
             if fmt == "msgpack":
-                return Response(wire.packb(io.mesh_to_msgpack_dict(m)), media_type=wire.MSGPACK)
-            return Response(io.mesh_to_ply_bytes(m), media_type="application/octet-stream")
+                out = await asyncio.to_thread(lambda: wire.packb(io.mesh_to_msgpack_dict(m)))
+                return Response(out, media_type=wire.MSGPACK, headers=headers)
+            out = await asyncio.to_thread(io.mesh_to_ply_bytes, m)
+            return Response(out, media_type="application/octet-stream", headers=headers)
+        if rest == "status" and method == "GET":
+            return await shards.status(r, sm)
+        if rest == "occupied" and method == "GET":
+            from ..api.routes.viewer import MAX_OCCUPIED
+
+            n = _query_int(request, "max_voxels", 1, MAX_OCCUPIED, 200_000)
+            return reply(request, await shards.occupied(r, sm, n))
+        if rest == "trajectory" and method == "GET":  # shard 0 records every frame's pose
+            resp = await r.json(
+                sm.workers[0],
+                "GET",
+                f"/v1/maps/{sm.ids[0]}/trajectory",
+                params=list(request.query_params.multi_items()),
+                headers=_forward_headers(request),
+            )
+            return _response(resp, resp.content)
+        if rest == "export" and method == "GET":
+            return await shards.export(r, sm)
         if rest in ("clear", "decay", "snapshot") and method == "POST":
             return await shards.fan_out(r, sm, method, rest, body, _forward_headers(request))
     except shards._Upstream as e:
         return _response(e.resp, e.resp.content)
     raise InvalidArgument(
-        f"{method} /v1/maps/{{id}}/{rest}: not available on a sharded map (frames, queries, slices with "
-        "bounds, boxes, the whole mesh, clear, decay, snapshot and delete are)"
+        f"{method} /v1/maps/{{id}}/{rest}: not available on a sharded map (README 'Sharded maps')"
     )
 
 
@@ -790,7 +881,8 @@ async def _sharded_stream(r: Router, sm, ws: WebSocket, settings: Settings) -> N
                     "status": 400,
                 }
             else:
-                status, out = await shards.integrate(r, sm, data, wire.MSGPACK, settings)
+                async with sm.gate.use():
+                    status, out = await shards.integrate(r, sm, data, wire.MSGPACK, settings)
                 if status != 200:
                     out = {**out, "status": status}
             await ws.send_bytes(wire.packb(out))

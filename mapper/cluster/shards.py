@@ -5,12 +5,19 @@ its index, K, the block size and the halo). The ingress keeps ``ShardedMap`` rou
 workers' map lists after a restart: the shard configs name their map) and:
 
 - **frames**: decoded once here (to bound their footprint), sent as they came to every shard whose kept
-  region the footprint can reach (``frame_shards``), concurrently; acked once every one of them has acked
-  (each ack means: in that shard's WAL). A shard answering 429 (queue full) is retried here (the frame was
-  not logged there); any other refusal is returned as it is (the other shards may hold the frame).
+  region the footprint can reach (``frame_shards``), concurrently, and their pose alone to shard 0 when
+  it is not one of them (``pose_only_message``: shard 0 holds the trajectory); acked once every one of
+  them has acked (each ack means: in that shard's WAL). Exactly once per shard: a 429 (queue full) is sent
+  again, a worker that died with the frame is asked for its last seq once Ray restarted it
+  (``_send_frame``); any other refusal is returned as it is (the other shards may hold the frame).
 - **queries**: points routed to their owner (``owner_of_points``), answers gathered in the request's order.
-- **slices / boxes**: every involved shard computes the same lattice; each cell is taken from its owner.
-- **mesh**: each shard's mesh reduced to the blocks (bricks) it owns, vertices welded by edge key.
+- **slices / boxes**: every involved shard computes the same lattice; each cell is taken from its owner;
+  a slice without bounds covers the union of the shards' ESDF extents.
+- **mesh** (and the viewer's blocks): each shard's mesh or delta reduced to the blocks (bricks) it owns,
+  vertices welded by edge key; versions are cursors (``MeshCursors``).
+- **status / occupied / trajectory**: summed or united over the shards / owned voxels in one map's order /
+  shard 0's.
+- **export / import**: a tar of the shards' snapshots (``export_manifest``, ``read_export``).
 - **summary / stats**: per layer voxels, bricks and bytes summed; ``shards`` lists the parts.
 
 The functions at the top are pure (numpy / torch, no I/O) and tested without Ray (tests/test_sharding.py).
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import secrets
 from dataclasses import dataclass, field
@@ -29,6 +37,8 @@ import torch
 
 from .. import sharding, wire
 from ..errors import InvalidArgument, MapperError
+
+log = logging.getLogger("mapper.cluster.shards")
 
 BUSY_RETRY_S = 120.0  # a shard's full queue: the frame is retried this long before its 429 is returned
 
@@ -144,18 +154,28 @@ def lattice_centres(origin, resolution_m: float, shape: tuple[int, ...]) -> np.n
     return np.stack(np.meshgrid(*axes, indexing="ij"), -1)
 
 
-def gather_mesh(meshes: dict[int, object], count: int, block_tiles: int):
-    """Shard meshes (``mapper.mesh.Mesh``, full) -> the sharded map's mesh: from each shard the faces of
-    the blocks (bricks) it owns, vertices welded by their edge key (the same key and position in every
-    shard: the halo gives a border brick's neighbours). Blocks sorted by key as in one map's mesh."""
+def gather_mesh(meshes: dict[int, object], count: int, block_tiles: int, version: int | None = None):
+    """Shard meshes (``mapper.mesh.Mesh``: all full, or all deltas) -> the sharded map's mesh: from each
+    shard the faces of the blocks (bricks) it owns, vertices welded by their edge key (the same key and
+    position in every shard: the halo gives a border brick's neighbours). Blocks sorted by key as in one
+    map's mesh. Deltas give a delta (``full=False``; the owned ``removed_blocks`` of every shard) that
+    :func:`mapper.mesh.apply_delta` merges into the gathered mesh it was made since, with the same result
+    as gathering the full meshes. ``version``: the gathered version (default: the sum of the shards')."""
     from ..mesh import Mesh, block_keys
 
-    verts, norms, cols, vkeys, faces, blocks, counts = [], [], [], [], [], [], []
-    version, voxel, base = 0, 0.0, 0
+    fulls = {bool(m.full) for m in meshes.values()}
+    if len(fulls) != 1:
+        raise InvalidArgument("meshes: mix of full meshes and deltas (ask every shard for the whole mesh)")
+    full = fulls.pop()
+    verts, norms, cols, vkeys, faces, blocks, counts, removed = [], [], [], [], [], [], [], []
+    total, voxel, base = 0, 0.0, 0
     with_color = any(m.colors is not None for m in meshes.values())
     for s, m in meshes.items():
-        version += int(m.version)
+        total += int(m.version)
         voxel = voxel or m.voxel_size_m
+        if m.removed_blocks.shape[0]:
+            r = m.removed_blocks.cpu()
+            removed.append(r[sharding.owner_of_bricks(r, count, block_tiles) == s])
         if m.blocks.shape[0] == 0:
             continue
         own = sharding.owner_of_bricks(m.blocks.cpu(), count, block_tiles) == s
@@ -173,10 +193,16 @@ def gather_mesh(meshes: dict[int, object], count: int, block_tiles: int):
         c = (m.block_face_offsets[1:] - m.block_face_offsets[:-1]).cpu()
         blocks.append(m.blocks.cpu()[own])
         counts.append(c[own])
+    version = total if version is None else int(version)
+    since = None if full else min(int(m.since_version or 0) for m in meshes.values())
+    gone = torch.cat(removed) if removed else torch.zeros((0, 3), dtype=torch.int64)
+    gone = gone[torch.argsort(block_keys(gone), stable=True)] if gone.shape[0] else gone
     if not faces:
         from ..mesh import empty_mesh
 
-        return empty_mesh(torch.device("cpu"), with_color, version, voxel)
+        out = empty_mesh(torch.device("cpu"), with_color, version, voxel)
+        out.full, out.since_version, out.removed_blocks = full, since, gone
+        return out
     v, n, k = torch.cat(verts), torch.cat(norms), torch.cat(vkeys)
     f = torch.cat(faces)
     ukeys, inv = torch.unique(k, return_inverse=True)  # sorted keys, as one map's mesh has them
@@ -199,11 +225,83 @@ def gather_mesh(meshes: dict[int, object], count: int, block_tiles: int):
         vertex_keys=ukeys,
         blocks=b[order],
         block_face_offsets=offsets,
-        removed_blocks=torch.zeros((0, 3), dtype=torch.int64),
+        removed_blocks=gone,
         version=version,
-        full=True,
-        since_version=None,
+        full=full,
+        since_version=since,
         voxel_size_m=voxel,
+    )
+
+
+class MeshCursors:
+    """The mesh versions of a sharded map: one int per gathered mesh (the sum of its shards' TSDF versions,
+    so it grows whenever a shard's does and two gathers with the same sum show the same shard versions),
+    remembered with the shards' versions so that ``since_version=<cursor>`` asks each shard for its own
+    delta. A cursor not remembered (an ingress restart, older than the last ``keep``) or one a shard
+    refuses (its versions went back after a restart) gives the whole mesh: as one map does when its change
+    log no longer reaches back."""
+
+    def __init__(self, keep: int = 4096):
+        from collections import OrderedDict
+
+        self.keep = keep
+        self.table: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+
+    def issue(self, versions) -> int:
+        """The cursor of a mesh gathered from shards at ``versions`` (one int per shard)."""
+        versions = tuple(int(v) for v in versions)
+        cursor = sum(versions)
+        self.table[cursor] = versions
+        self.table.move_to_end(cursor)
+        while len(self.table) > self.keep:
+            self.table.popitem(last=False)
+        return cursor
+
+    def lookup(self, cursor: int) -> tuple[int, ...] | None:
+        return self.table.get(int(cursor))
+
+
+def gather_occupied(parts: dict[int, dict], count: int, block_tiles: int, max_voxels: int) -> dict:
+    """Occupied-voxel answers of the shards (``Map.occupied_voxels`` replies: ``centers`` float32 ``[N, 3]``,
+    ``voxel_size_m``) -> one map's answer: each shard's owned voxels, in the voxel order of one map's grid
+    (leaf by leaf), ``max_voxels`` of them evenly strided as ``Map.occupied_voxels`` picks them. Exact
+    while no shard capped its reply (``capped`` is then also set when the union exceeds ``max_voxels``)."""
+    from ..grid import IndexGrid
+
+    first = next(iter(parts.values()))
+    s = float(first["voxel_size_m"])
+    ijk, shard_capped = [], False
+    for i, reply in parts.items():
+        c = torch.from_numpy(np.array(reply["centers"], dtype=np.float32)).reshape(-1, 3)
+        shard_capped |= bool(reply.get("capped"))
+        v = torch.floor(c.double() / s).long()
+        mine = sharding.owner_of_points((v.double() + 0.5) * s, s, count, block_tiles) == i
+        ijk.append(v[mine])
+    v = torch.cat(ijk) if ijk else torch.zeros((0, 3), dtype=torch.int64)
+    if v.shape[0]:
+        order = torch.argsort(IndexGrid.from_ijk(v.int(), device="cpu").ijk_to_index(v.int()))
+        v = v[order]
+    total = int(v.shape[0])
+    idx = torch.arange(total)
+    if total > max_voxels:
+        idx = idx[torch.linspace(0, total - 1, max_voxels).long()]
+    centres = ((v[idx].to(torch.float32) + 0.5) * s).numpy()
+    return {
+        "centers": centres,
+        "total": total,
+        "capped": total > centres.shape[0] or shard_capped,
+        "voxel_size_m": s,
+        "map_version": sum(int(r.get("map_version", 0)) for r in parts.values()),
+    }
+
+
+def pose_only_message(frame) -> dict:
+    """A LiDAR frame with the pose (and timestamp, frame id) of ``frame`` and no valid return: it records
+    the pose in a shard's trajectory and changes no voxel (its one point is at the sensor origin, which
+    every map drops). Shard 0 gets it for each frame that does not reach it, so its trajectory is the
+    sharded map's."""
+    return wire.lidar_message(
+        np.zeros((1, 3), np.float32), frame.T_world_sensor, frame.timestamp, frame.frame_id
     )
 
 
@@ -251,6 +349,9 @@ class ShardedMap:
     ids: list[str]
     created: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # frames: one order for every shard
+    gate: object = field(default_factory=lambda: _gate())  # closed while a shard moves
+    cursors: MeshCursors = field(default_factory=MeshCursors)
+    seqs: dict[int, int] = field(default_factory=dict)  # shard -> its last logged seq, as last seen
 
     @property
     def spec(self) -> sharding.ShardSpec:
@@ -259,6 +360,12 @@ class ShardedMap:
     @property
     def count(self) -> int:
         return len(self.ids)
+
+
+def _gate():
+    from .ingress import Route
+
+    return Route(-1, "")
 
 
 def group_shards(found: dict[str, tuple[int, dict]]) -> tuple[dict[str, ShardedMap], set[str]]:
@@ -340,6 +447,91 @@ def slice_lattice(
     w = max(1, math.ceil((float(params["x_max"]) - x0) / res))
     h = max(1, math.ceil((float(params["y_max"]) - y0) / res))
     return (x0, y0), (h, w), res
+
+
+# ------------------------------------------------------------------------------ export format (pure)
+EXPORT_FORMAT = "mapper-sharded-export/1"
+EXPORT_MEDIA_TYPE = "application/x-tar"
+
+
+def export_manifest(sm: ShardedMap, sizes: list[int]) -> dict:
+    """The ``manifest.json`` of a sharded export: the format, the map's id, name and config (shard 0's,
+    without its ``shard`` entry), K, the block size and halo, and each shard file's name and size."""
+    spec = sm.spec
+    return {
+        "format": EXPORT_FORMAT,
+        "id": sm.id,
+        "name": sm.name,
+        "shards": sm.count,
+        "block_tiles": spec.block_tiles,
+        "halo_m": spec.halo_m,
+        "config": {k: v for k, v in sm.config.items() if k != "shard"},
+        "files": [{"name": f"shard{i}.safetensors", "bytes": int(n)} for i, n in enumerate(sizes)],
+    }
+
+
+def tar_header(name: str, size: int) -> bytes:
+    """The 512-byte (GNU, any size) tar header of a regular file: a sharded export is a tar written as it
+    streams (``manifest.json``, then ``shard<i>.safetensors``, each an exported snapshot)."""
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = int(size), 0o644, 0
+    return info.tobuf(tarfile.GNU_FORMAT)
+
+
+def tar_padding(size: int) -> bytes:
+    return b"\0" * (-int(size) % 512)
+
+
+TAR_END = b"\0" * 1024
+
+
+def is_sharded_export(data: bytes) -> bool:
+    """Whether an import body is a tar (a sharded export) rather than a snapshot file."""
+    return len(data) >= 512 and data[257:262] == b"ustar"
+
+
+def read_export(data: bytes) -> tuple[dict, list[bytes]]:
+    """A sharded export -> (its manifest, the K shard snapshot files in shard order). Raises
+    ``InvalidArgument`` naming what is missing or malformed."""
+    import io
+    import tarfile
+
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            members = {m.name: m for m in tar.getmembers() if m.isfile()}
+            if "manifest.json" not in members:
+                raise InvalidArgument("import: a tar without manifest.json is not a sharded export")
+            man = json.loads(tar.extractfile(members["manifest.json"]).read())
+            if not isinstance(man, dict) or man.get("format") != EXPORT_FORMAT:
+                got = man.get("format") if isinstance(man, dict) else None
+                raise InvalidArgument(f"import: manifest.json format {got!r} is not {EXPORT_FORMAT!r}")
+            k, files = man.get("shards"), man.get("files")
+            if (
+                isinstance(k, bool)
+                or not isinstance(k, int)
+                or k < 2
+                or not isinstance(files, list)
+                or len(files) != k
+            ):
+                raise InvalidArgument(
+                    "import: manifest.json needs shards (an int >= 2) and one file per shard"
+                )
+            out = []
+            for i, f in enumerate(files):
+                name = f.get("name") if isinstance(f, dict) else None
+                if name != f"shard{i}.safetensors" or name not in members:
+                    raise InvalidArgument(f"import: shard {i}'s file shard{i}.safetensors is missing")
+                out.append(tar.extractfile(members[name]).read())
+    except (tarfile.TarError, ValueError, UnicodeDecodeError) as e:
+        if isinstance(e, InvalidArgument):
+            raise
+        raise InvalidArgument(f"import: not a readable sharded export ({type(e).__name__}: {e})") from None
+    for key in ("block_tiles", "halo_m", "config"):
+        if key not in man:
+            raise InvalidArgument(f"import: manifest.json has no {key}")
+    return man, out
 
 
 # ------------------------------------------------------------------------------------- the ingress side
@@ -435,6 +627,18 @@ async def _await(ref):
     return await ref
 
 
+async def _actor(ref, timeout_s: float):
+    """An actor call's result; the library error it raised (``InvalidArgument``...) raised here as itself,
+    so the client gets its 4xx, not a 500."""
+    try:
+        return await asyncio.wait_for(_await(ref), timeout_s)
+    except Exception as e:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, MapperError):
+            raise cause from None
+        raise
+
+
 async def _summary_of(router, sm: ShardedMap, i: int, detail: bool = False) -> dict:
     status, content, _ = await _json_reply(router, sm.workers[i], "GET", f"/v1/maps/{sm.ids[i]}")
     if status != 200:
@@ -497,10 +701,49 @@ async def integrate(router, sm: ShardedMap, body: bytes, content_type: str, sett
     except MapperError as e:
         return status_of(e), error_body(e)
     ctype = "application/json" if not content_type else content_type
+    real = targets or [0]  # a frame that changes no voxel still goes to one shard, for its ack
+    pose = None if 0 in real else wire.packb(pose_only_message(frame))
+    sends = [(i, body, ctype) for i in real] + ([(0, pose, wire.MSGPACK)] if pose is not None else [])
+    async with sm.lock:  # one frame order for every shard (callers hold sm.gate)
+        results = await asyncio.gather(*(_send_frame(router, sm, i, b, t) for i, b, t in sends))
+    for status, out in results:
+        if status != 200:
+            out = dict(out)
+            out["detail"] = f"{out.get('detail', '')} (shards {real}; the others may hold the frame)"
+            return status, out
+    replies = [r for (_, b, _), (_, r) in zip(sends, results, strict=True) if b is not pose]
+    ack = dict(next((r for r in replies if not r.get("recovered")), replies[0]))
+    ack.pop("recovered", None)
+    if frame.frame_id is not None:
+        ack.setdefault("frame_id", frame.frame_id)
+    ack["shards"] = {
+        str(i): {
+            "seq": r["seq"],
+            "map_version": r["map_version"],
+            **({"pose_only": True} if b is pose else {}),
+        }
+        for (i, b, _), (_, r) in zip(sends, results, strict=True)
+    }
+    return 200, ack
 
-    async def one(i: int):
-        deadline = asyncio.get_running_loop().time() + BUSY_RETRY_S
-        while True:
+
+RECOVER_S = 150.0  # a shard's worker died with a frame: how long to wait for it to answer again
+
+
+async def _send_frame(router, sm: ShardedMap, i: int, body: bytes, ctype: str) -> tuple[int, dict]:
+    """One frame to shard ``i`` (under ``sm.lock``): (status, its ack or error). Exactly once: a 429 (not
+    logged) is sent again; when the worker dies with the frame (``WorkerLost``), the shard's last seq after
+    Ray restarted it says whether the frame reached its WAL (then the recovered map holds it: acked) or
+    not (sent again). So every shard a frame goes to holds it once, and an unacked frame is in none."""
+    from .ingress import WorkerLost
+
+    loop = asyncio.get_running_loop()
+    if i not in sm.seqs:
+        sm.seqs[i] = int((await _summary_of(router, sm, i))["last_seq"])
+    before = sm.seqs[i]
+    busy_until = loop.time() + BUSY_RETRY_S
+    while True:
+        try:
             resp = await router.json(
                 sm.workers[i],
                 "POST",
@@ -508,24 +751,35 @@ async def integrate(router, sm: ShardedMap, body: bytes, content_type: str, sett
                 headers={"content-type": ctype, "accept": "application/json"},
                 content=body,
             )
-            if resp.status_code == 429 and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.05)  # not logged there: safe to send again
-                continue
-            return resp.status_code, resp.json()
+        except WorkerLost:
+            summ = await _summary_after_restart(router, sm, i)
+            if int(summ["last_seq"]) > before:  # logged before the worker died: recovered from its WAL
+                sm.seqs[i] = int(summ["last_seq"])
+                log.warning("map %s: shard %d's worker died with a frame; it was in its WAL", sm.id, i)
+                return 200, {"seq": sm.seqs[i], "map_version": summ["version"], "recovered": True}
+            log.warning("map %s: shard %d's worker died with a frame before logging it; sent again", sm.id, i)
+            continue  # never logged: safe to send again
+        if resp.status_code == 429 and loop.time() < busy_until:
+            await asyncio.sleep(0.05)  # not logged there: safe to send again
+            continue
+        out = resp.json()
+        if resp.status_code == 200:
+            sm.seqs[i] = int(out["seq"])
+        return resp.status_code, out
 
-    async with sm.lock:  # one frame order for every shard
-        results = await asyncio.gather(*(one(i) for i in targets))
-    for status, out in results:
-        if status != 200:
-            out = dict(out)
-            out["detail"] = f"{out.get('detail', '')} (shards {targets}; the others may hold the frame)"
-            return status, out
-    ack = dict(results[0][1])
-    ack["shards"] = {
-        str(i): {"seq": r["seq"], "map_version": r["map_version"]}
-        for i, (_, r) in zip(targets, results, strict=True)
-    }
-    return 200, ack
+
+async def _summary_after_restart(router, sm: ShardedMap, i: int) -> dict:
+    """Shard ``i``'s summary once its worker answers again (Ray restarts a dead actor; its maps recover)."""
+    from .ingress import WorkerLost
+
+    deadline = asyncio.get_running_loop().time() + RECOVER_S
+    while True:
+        try:
+            return await _summary_of(router, sm, i)
+        except (WorkerLost, MapperError):
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 async def query(router, sm: ShardedMap, kind: str, body: bytes, content_type: str, settings) -> dict:
@@ -568,8 +822,19 @@ class _Upstream(Exception):
 async def slice_(router, sm: ShardedMap, params: dict) -> dict:
     """A horizontal ESDF slice over explicit bounds: every shard owning a cell computes the lattice, each
     cell taken from its owner."""
-    if any(params.get(k) is None for k in ("x_min", "y_min", "x_max", "y_max")):
-        raise InvalidArgument("x_min, y_min, x_max, y_max: required on a sharded map's slice")
+    keys = ("x_min", "y_min", "x_max", "y_max")
+    given = [params.get(k) is not None for k in keys]
+    if any(given) and not all(given):
+        raise InvalidArgument("x_min, y_min, x_max, y_max: give all four or none")
+    if not any(given):  # one map's default: the ESDF's extent
+        lo, hi = await esdf_bounds(router, sm)
+        params = {
+            **params,
+            "x_min": repr(lo[0]),
+            "y_min": repr(lo[1]),
+            "x_max": repr(hi[0]),
+            "y_max": repr(hi[1]),
+        }
     es = float(sm.config.get("esdf_voxel_size_m") or sm.config["voxel_size_m"])
     origin, shape, res = slice_lattice(params, es)
     centres = lattice_centres(origin, res, shape[::-1])  # [w, h, 2] (x, y)
@@ -639,21 +904,122 @@ async def box(router, sm: ShardedMap, body: bytes, content_type: str) -> dict:
     return gather_cells(parts, owner, ("distance", "gradient", "observed"))
 
 
-async def mesh(router, sm: ShardedMap):
+async def mesh(router, sm: ShardedMap, since: int | None = None):
+    """The sharded map's mesh (``mapper.mesh.Mesh``, its ``version`` a cursor of ``sm.cursors``) and the
+    sum of the shards' map versions. With ``since`` (a cursor handed out before) each shard is asked for its
+    delta since its own version then, and the gathered delta is relative to ``since``; an unknown cursor,
+    or a shard that no longer reaches back, gives the whole mesh."""
     from .. import io
+    from ..api.deps import VERSION_HEADER
+
+    vec = sm.cursors.lookup(since) if since is not None else None
+    if vec is not None and len(vec) != sm.count:
+        vec = None
+
+    async def fetch(i: int, v: int | None):
+        params = {"format": "msgpack"} if v is None else {"format": "msgpack", "since_version": v}
+        return await router.json(sm.workers[i], "GET", f"/v1/maps/{sm.ids[i]}/mesh", params=params)
+
+    resps = await asyncio.gather(*(fetch(i, None if vec is None else vec[i]) for i in range(sm.count)))
+    if vec is not None and any(r.status_code == 422 for r in resps):  # a shard's versions went back
+        vec = None
+        resps = await asyncio.gather(*(fetch(i, None) for i in range(sm.count)))
+    for resp in resps:
+        if resp.status_code != 200:
+            raise _Upstream(resp)
+    meshes = {i: io.mesh_from_msgpack(r.content) for i, r in enumerate(resps)}
+    if len({m.full for m in meshes.values()}) > 1:  # one shard's change log did not reach back: all whole
+        again = [i for i, m in meshes.items() if not m.full]
+        for i, r in zip(again, await asyncio.gather(*(fetch(i, None) for i in again)), strict=True):
+            if r.status_code != 200:
+                raise _Upstream(r)
+            meshes[i] = io.mesh_from_msgpack(r.content)
+            resps[i] = r
+    map_version = sum(int(r.headers.get(VERSION_HEADER, 0)) for r in resps)
+    spec = sm.spec
+    cursor = sm.cursors.issue([meshes[i].version for i in range(sm.count)])
+    out = await asyncio.to_thread(gather_mesh, meshes, spec.count, spec.block_tiles, cursor)
+    if not out.full:
+        out.since_version = since
+    return out, map_version
+
+
+async def status(router, sm: ShardedMap) -> dict:
+    """The viewer's live numbers (``GET .../status``) of a sharded map: frames, trajectory length and
+    config from shard 0 (it records every frame's pose), versions summed (the mesh version is a cursor),
+    voxels / bricks / bytes summed over the shards (what they hold: halo copies included), the extent of
+    each layer as the union of the shards' (equal to one map's: a shard holds only bricks one map has)."""
+    resps = await asyncio.gather(
+        *(router.json(sm.workers[i], "GET", f"/v1/maps/{sm.ids[i]}/status") for i in range(sm.count))
+    )
+    for resp in resps:
+        if resp.status_code != 200:
+            raise _Upstream(resp)
+    parts = [r.json() for r in resps]
+    p0 = parts[0]
+    mesh_versions = [p.get("mesh_version") for p in parts]
+    bounds: dict = {}
+    for p in parts:
+        for name, b in (p.get("bounds") or {}).items():
+            if name not in bounds:
+                bounds[name] = {"min": list(b["min"]), "max": list(b["max"])}
+            else:
+                bounds[name]["min"] = [min(a, c) for a, c in zip(bounds[name]["min"], b["min"], strict=True)]
+                bounds[name]["max"] = [max(a, c) for a, c in zip(bounds[name]["max"], b["max"], strict=True)]
+    acks = [p["ack_ms"] for p in parts if p.get("ack_ms") is not None]
+    return {
+        **p0,
+        "id": sm.id,
+        "name": sm.name,
+        "queue_depth": sum(int(p.get("queue_depth") or 0) for p in parts),
+        "ack_ms": max(acks) if acks else None,
+        "version": sum(int(p.get("version") or 0) for p in parts),
+        "mesh_version": None if None in mesh_versions else sm.cursors.issue(mesh_versions),
+        "layers": sum_layers([p.get("layers") for p in parts]),
+        "bounds": bounds,
+    }
+
+
+async def occupied(router, sm: ShardedMap, max_voxels: int) -> dict:
+    """``GET .../occupied`` of a sharded map: every shard's occupied voxels (up to the route's cap), the
+    owned ones in one map's order (``gather_occupied``)."""
+    from ..api.routes.viewer import MAX_OCCUPIED
 
     resps = await asyncio.gather(
         *(
-            router.json(sm.workers[i], "GET", f"/v1/maps/{sm.ids[i]}/mesh", params={"format": "msgpack"})
+            router.json(
+                sm.workers[i],
+                "GET",
+                f"/v1/maps/{sm.ids[i]}/occupied",
+                params={"max_voxels": MAX_OCCUPIED},
+                headers={"accept": wire.MSGPACK},
+            )
             for i in range(sm.count)
         )
     )
     for resp in resps:
         if resp.status_code != 200:
             raise _Upstream(resp)
-    meshes = {i: io.mesh_from_msgpack(r.content) for i, r in enumerate(resps)}
+    parts = {i: decode_arrays(wire.unpackb(r.content)) for i, r in enumerate(resps)}
     spec = sm.spec
-    return await asyncio.to_thread(gather_mesh, meshes, spec.count, spec.block_tiles)
+    return await asyncio.to_thread(gather_occupied, parts, spec.count, spec.block_tiles, max_voxels)
+
+
+async def esdf_bounds(router, sm: ShardedMap) -> tuple[list[float], list[float]]:
+    """The extent (x, y, z min / max, metres) of the sharded map's ESDF: the union of its shards' (what
+    one map's slice defaults to). ``InvalidArgument`` when no shard has an ESDF yet."""
+    got = await asyncio.gather(
+        *(
+            asyncio.wait_for(_await(router.workers[w].actor.esdf_bounds.remote(mid)), 120)
+            for w, mid in zip(sm.workers, sm.ids, strict=True)
+        )
+    )
+    got = [b for b in got if b is not None]
+    if not got:
+        raise InvalidArgument("the map has no ESDF yet: pass explicit bounds")
+    lo = [min(b[0][a] for b in got) for a in range(3)]
+    hi = [max(b[1][a] for b in got) for a in range(3)]
+    return lo, hi
 
 
 async def fan_out(router, sm: ShardedMap, method: str, path: str, body: bytes, headers: dict):
@@ -662,6 +1028,7 @@ async def fan_out(router, sm: ShardedMap, method: str, path: str, body: bytes, h
     from fastapi.responses import JSONResponse
 
     async with sm.lock:
+        sm.seqs.clear()  # the edit is logged too: frames read each shard's last seq again
         resps = await asyncio.gather(
             *(
                 router.json(
@@ -676,3 +1043,98 @@ async def fan_out(router, sm: ShardedMap, method: str, path: str, body: bytes, h
     out = dict(resps[0].json())
     out["shards"] = [r.json() for r in resps]
     return JSONResponse(out, status_code=resps[0].status_code)
+
+
+async def export(router, sm: ShardedMap):
+    """``GET .../export`` of a sharded map: a tar streamed as it is read (``manifest.json``, then every
+    shard's exported snapshot). Each shard's export is opened under the map's frame lock, so all of them
+    show the same frames (each worker snapshots and opens its file before it answers)."""
+    from fastapi.responses import StreamingResponse
+
+    from ..api.deps import attachment
+
+    resps = []
+    try:
+        async with sm.lock:
+            for i in range(sm.count):
+                resp = await router.send(sm.workers[i], "GET", f"/v1/maps/{sm.ids[i]}/export")
+                resps.append(resp)
+                if resp.status_code != 200:
+                    await resp.aread()
+                    raise _Upstream(resp)
+        sizes = [int(r.headers["content-length"]) for r in resps]
+    except BaseException:
+        for r in resps:
+            await r.aclose()
+        raise
+    man = json.dumps(export_manifest(sm, sizes)).encode()
+
+    async def chunks():
+        try:
+            yield tar_header("manifest.json", len(man)) + man + tar_padding(len(man))
+            for i, (resp, size) in enumerate(zip(resps, sizes, strict=True)):
+                yield tar_header(f"shard{i}.safetensors", size)
+                n = 0
+                async for b in resp.aiter_raw():
+                    n += len(b)
+                    yield b
+                if n != size:  # cut: end the stream without the tar's end (the client sees it broken)
+                    raise RuntimeError(f"shard {i}: export cut after {n} of {size} bytes")
+                yield tar_padding(size)
+            yield TAR_END
+        finally:
+            for r in resps:
+                await r.aclose()
+
+    return StreamingResponse(
+        chunks(),
+        media_type=EXPORT_MEDIA_TYPE,
+        headers={"Content-Disposition": attachment(f"{sm.name}.sharded.tar")},
+    )
+
+
+async def import_export(router, data: bytes, name: str | None):
+    """``POST /v1/maps/import`` of a sharded export: a new sharded map (a new id; the stored name unless
+    ``name`` is given or the stored one is taken) with K shards on the K least loaded workers, each shard
+    loaded by its worker from its snapshot file (sent through Ray's object store: no shared filesystem
+    needed). All or nothing. Caller holds ``router.lock``."""
+    from fastapi.responses import JSONResponse
+
+    from ..errors import Conflict
+
+    man, files = await asyncio.to_thread(read_export, data)
+    k = check_shards({"shards": man["shards"]}, len(router.workers))
+    taken = {x.name for x in _all_maps(router)}
+    if name is not None and name in taken:
+        raise Conflict(f"name: a map named {name!r} exists")
+    stored = man.get("name") if isinstance(man.get("name"), str) else None
+    map_id = new_sharded_id()
+    name = name or (stored if stored not in taken else None) or map_id
+    if len(router.routes) + len(router.sharded) >= router.settings.max_maps:
+        raise Conflict(f"map limit reached ({router.settings.max_maps} maps; MAPPER_MAX_MAPS)")
+    specs = [
+        sharding.ShardSpec.from_dict(
+            {"index": i, "count": k, "block_tiles": man["block_tiles"], "halo_m": man["halo_m"]}
+        )
+        for i in range(k)
+    ]
+    workers = (await router.ranked())[:k]
+    ids: list[str] = []
+    try:
+        for i, (w, blob) in enumerate(zip(workers, files, strict=True)):
+            spec = {**specs[i].to_dict(), "map_id": map_id, "name": name}
+            summ = await _actor(
+                router.workers[w].actor.import_shard.remote(f"{map_id}.s{i}", blob, spec), 300
+            )
+            ids.append(summ["id"])
+            if i == 0:
+                config = summ["config"]
+    except Exception:
+        for i, mid in enumerate(ids):  # all or nothing
+            await _json_reply(router, workers[i], "DELETE", f"/v1/maps/{mid}")
+        raise
+    sm = ShardedMap(map_id, name, config, list(workers), ids)
+    router.sharded[map_id] = sm
+    parts = await asyncio.gather(*(_summary_of(router, sm, i) for i in range(k)))
+    sm.created = parts[0].get("created")
+    return JSONResponse(summary(sm, parts), status_code=201)

@@ -214,6 +214,53 @@ class MapWorker:
 
         return self._call(create(), 300.0)
 
+    def esdf_bounds(self, map_id: str) -> tuple[list[float], list[float]] | None:
+        """The extent (x, y, z min / max, metres) of a map's ESDF, what its slice defaults to (None while it
+        has no ESDF): the ingress takes the union over a sharded map's shards."""
+        from ..errors import InvalidArgument, NotFound
+
+        async def run():
+            entry = self.service.maps.get(map_id)
+            if entry is None:
+                raise NotFound(f"map {map_id!r} not found")
+
+            def bounds(m):
+                try:
+                    lo, hi = m._esdf_bounds()
+                except InvalidArgument:  # no ESDF yet
+                    return None
+                return lo.tolist(), hi.tolist()
+
+            return await entry.read(bounds, esdf=True)
+
+        return self._call(run())
+
+    def import_shard(self, name: str, snapshot: bytes, shard: dict) -> dict:
+        """Serve a new map from one shard's snapshot file of a sharded export (``snapshot``: its bytes) with
+        its ``shard`` entry replaced by ``shard`` (the new sharded map's id, name and this shard's index):
+        the ingress imports sharded exports with it. The snapshot must be a shard with the same index and
+        K. Returns its summary."""
+        from ..errors import InvalidArgument
+        from ..map import Map
+        from ..persistence import load_snapshot_bytes
+
+        async def run():
+            tensors, meta = await asyncio.to_thread(load_snapshot_bytes, snapshot)
+            old = (meta.get("config") or {}).get("shard")
+            if not isinstance(old, dict) or (old.get("index"), old.get("count")) != (
+                shard["index"],
+                shard["count"],
+            ):
+                i, k = shard["index"], shard["count"]
+                raise InvalidArgument(f"import: shard{i}.safetensors is not shard {i} of {k}")
+            meta = {**meta, "config": {**meta["config"], "shard": shard}}
+            m = await asyncio.to_thread(Map.from_state_dict, tensors, meta, self.service.device)
+            state = {key: meta[key] for key in ("config", "frames_integrated", "version") if key in meta}
+            entry = await self.service._register(name, m, (tensors, state))
+            return entry.summary()
+
+        return self._call(run(), 300.0)
+
     def map_path(self, map_id: str) -> str:
         return str(self.service.data.map_dir(map_id).root)
 
