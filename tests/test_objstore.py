@@ -5,6 +5,7 @@ frames in this process, the records as appended, the object keys the layout docu
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -464,3 +465,92 @@ def test_filesystem_stays_the_default(tmp_path):
     data = open_store(Settings(data_dir=tmp_path / "d"))
     assert isinstance(data, DataDir) and (tmp_path / "d" / "maps").is_dir()
     assert Settings(_env_file=None).model_dump(mode="json")["store"] is None
+
+
+# --------------------------------------------------------------------------- mapper serve --ray on S3
+RAY_WATCHDOG_S = 420
+
+
+@pytest.mark.slow
+def test_ray_cluster_on_s3_adopts_moves_and_survives_sigkill(tmp_path, s3, bucket):
+    """``mapper serve --ray --store s3://...`` (the ingress app, 2 CPU workers as Ray actors on a local Ray):
+    a map of a plain ``mapper serve --store`` (no owner) is adopted, a map moves by its owner object, and a
+    worker killed with SIGKILL comes back with every acknowledged frame (from the store). Bounded by a
+    watchdog."""
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'mapper[ray]')")
+    import faulthandler
+    import signal
+
+    from test_cluster_ray import serve
+
+    from mapper.cluster.ingress import create_cluster_app
+    from mapper.store import save_new_map
+
+    config = dict(voxel_size_m=0.25, layers=["tsdf"], max_range_m=20.0)
+    legacy = Map(**config, device="cpu")
+    for i in range(2):
+        legacy.integrate_lidar(*scan(i + 50))
+    legacy_id = save_new_map(open_store(store_settings(tmp_path, s3, bucket)), legacy, name="legacy")["id"]
+    s3c = boto3.client("s3", endpoint_url=s3)
+
+    def owner(map_id: str) -> bytes:
+        return s3c.get_object(Bucket=bucket, Key=f"fleet/maps/{map_id}/owner")["Body"].read()
+
+    faulthandler.dump_traceback_later(RAY_WATCHDOG_S, exit=True)  # never hang CI
+    assert not ray.is_initialized(), "another test left Ray running (its mapper-w<i> actors would be reused)"
+    ray.init(
+        num_cpus=2,
+        object_store_memory=200 << 20,
+        include_dashboard=False,
+        namespace="mapper-s3-test",
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    settings = store_settings(
+        tmp_path, s3, bucket, data_dir=tmp_path / "root", api_tokens=[TOKEN], query_threads=1, malloc_trim_s=0
+    )
+    try:
+        with serve(create_cluster_app(settings, workers=2)) as url, MapperClient(url, token=TOKEN) as c:
+            h = {"Authorization": f"Bearer {TOKEN}"}
+            workers = httpx.get(f"{url}/v1/cluster", headers=h, timeout=30).json()["workers"]
+            assert len(workers) == 2
+            assert c.get_map(legacy_id)["frames_integrated"] == 2
+            assert owner(legacy_id) in (b"w0", b"w1")  # adopted: claimed by a worker
+
+            mid = c.create_map(name="robot", **config)["id"]
+            for i in range(4):
+                c.send_lidar(mid, *scan(i))
+            first = owner(mid).decode()
+            other = 1 - int(first[1:])
+            r = httpx.post(f"{url}/v1/maps/{mid}/move", json={"worker": other}, headers=h, timeout=120)
+            assert r.status_code == 200, r.text
+            assert owner(mid) == f"w{other}".encode()
+            for i in range(4, 6):
+                assert c.send_lidar(mid, *scan(i))["seq"] == i + 1
+
+            victim = next(w for w in workers if w["worker"] == other)
+            os.kill(victim["pid"], signal.SIGKILL)
+            killed = time.monotonic()
+            while True:  # Ray restarts the worker; it recovers the maps it owns from the store
+                try:
+                    m = c.get_map(mid)
+                    break
+                except Exception:
+                    assert time.monotonic() - killed < 60, "the map did not answer within 60 s of the kill"
+                    time.sleep(0.5)
+            assert m["last_seq"] == m["frames_integrated"] == 6
+            served = served_from(c, mid, tmp_path / "after.safetensors")
+            ref = Map(**config, device="cpu")
+            for i in range(6):
+                ref.integrate_lidar(*scan(i))
+            _tsdf_equal(served, ref)
+            assert c.send_lidar(mid, *scan(6))["seq"] == 7
+    finally:
+        ray.shutdown()
+        faulthandler.cancel_dump_traceback_later()
+
+
+def served_from(c: MapperClient, map_id: str, path: Path) -> Map:
+    c.export(map_id, path)
+    tensors, meta = load_snapshot_file(path)
+    return Map.from_state_dict(tensors, meta, device="cpu")
