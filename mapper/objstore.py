@@ -26,12 +26,14 @@ loads them from there (a cache miss downloads the object); the store is the only
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
 import re
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -45,6 +47,7 @@ _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _SNAP_RE = re.compile(r"snapshot-(\d{16})\.json$")
 _WAL_RE = re.compile(r"wal-(\d{16})-(\d{16})\.log$")
 _OWNER_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+REPLAY_PREFETCH = 16  # WAL objects fetched ahead on recovery
 
 
 class StoreError(OSError):
@@ -376,18 +379,19 @@ class ObjectMapDir:
     def replay(self, after_seq: int) -> Iterator[tuple[int, bytes]]:
         """WAL records with ``seq > after_seq`` in order. A corrupt record (it cannot be torn: a PUT is
         all or nothing) ends its object's records, as a torn tail ends a file segment's."""
-        last = after_seq
+        keys = []
         for k, _ in self._keys("wal-"):
             m = _WAL_RE.search(k)
-            if not m or int(m.group(2)) <= last:
-                continue
-            data = self.objects.get(k)
+            if m and int(m.group(2)) > after_seq:
+                keys.append(k)
+        last = after_seq
+        for key, data in self._fetched(keys):
             if data is None:
-                raise StoreError(f"store: s3://{self.objects.bucket}/{k} vanished during replay")
+                raise StoreError(f"store: s3://{self.objects.bucket}/{key} vanished during replay")
 
             n = len(data)
 
-            def bad(pos: int, reason: str, key=k, n=n) -> None:
+            def bad(pos: int, reason: str, key=key, n=n) -> None:
                 log.warning("s3://%s/%s: %s at byte %d of %d; stop", self.objects.bucket, key, reason, pos, n)
 
             for seq, payload in iter_records(data, bad):
@@ -395,6 +399,20 @@ class ObjectMapDir:
                     continue
                 yield seq, payload
                 last = seq
+
+    def _fetched(self, keys: list[str]) -> Iterator[tuple[str, bytes | None]]:
+        """``(key, bytes)`` in order, ``REPLAY_PREFETCH`` GETs in flight (one object per group commit: a
+        replay is bound by request latency, not bandwidth)."""
+        with ThreadPoolExecutor(REPLAY_PREFETCH, thread_name_prefix="wal-get") as pool:
+            ahead: collections.deque = collections.deque()
+            for k in keys:
+                ahead.append((k, pool.submit(self.objects.get, k)))
+                if len(ahead) >= REPLAY_PREFETCH:
+                    key, fut = ahead.popleft()
+                    yield key, fut.result()
+            while ahead:
+                key, fut = ahead.popleft()
+                yield key, fut.result()
 
     # quarantine
     def quarantine(self, seq: int, payload: bytes, error: str) -> str:
