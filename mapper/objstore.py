@@ -89,6 +89,7 @@ def connect(url: str, endpoint_url: str | None = None):
         retries={"max_attempts": 3, "mode": "standard"},
         connect_timeout=5,
         read_timeout=60,
+        max_pool_connections=32,  # the maps' writers, snapshot uploads and replay prefetch share it
         s3={"addressing_style": "path"} if endpoint_url else None,
     )
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")

@@ -193,6 +193,40 @@ def test_snapshot_manifest_publishes_prune_and_cache(tmp_path, s3, bucket):
     assert keys(s3, bucket, "fleet/maps/m2/") == [] and not md.root.exists()
 
 
+def test_recovery_quarantines_a_bad_record_in_the_store(tmp_path, s3, bucket):
+    """A record that fails on replay is kept aside under quarantine/ in the store and replay goes on."""
+    from mapper import store
+
+    data = open_store(store_settings(tmp_path, s3, bucket))
+    md = data.map_dir("m4")
+    config = dict(voxel_size_m=0.25, layers=["tsdf"], max_range_m=20.0)
+    info = {"id": "m4", "name": "poisoned", "created": "2026-12-01T00:00:00", "config": config}
+    md.write_info(info)
+    wal = md.open_wal(1)
+    frames = [wire.parse_frame(wire.unpackb(frame_bytes(i))) for i in range(3)]
+    wal.append(1, store.encode_record("frame", frames[0]))
+    wal.append(2, wire.packb({"op": "decay", "factor": "not a number"}))  # fails in apply
+    wal.append(3, store.encode_record("frame", frames[1]))
+    wal.sync()
+    wal.append(4, store.encode_record("frame", frames[2]))
+    wal.close()
+    quarantined: list = []
+    m, got_info, snap, last, replayed = recover_map(md, "cpu", quarantined)
+    assert (got_info, snap, last, replayed) == (info, None, 4, 4)
+    assert [seq for seq, _ in quarantined] == [2]
+    assert keys(s3, bucket, "fleet/maps/m4/quarantine/") == [
+        f"fleet/maps/m4/quarantine/{2:016d}.json",
+        f"fleet/maps/m4/quarantine/{2:016d}.msgpack",
+    ]
+    notes = md.quarantined()
+    assert len(notes) == 1 and notes[0]["seq"] == 2 and notes[0]["error"] == quarantined[0][1]
+    ref = Map(**config, device="cpu")
+    for i in range(3):
+        ref.integrate_lidar(*scan(i))
+    _tsdf_equal(m, ref)
+    assert data.map_ids() == ["m4"]
+
+
 # --------------------------------------------------------------------------- the service on S3
 def _post_frame(c, mid: str, i: int) -> dict:
     r = c.post(f"/v1/maps/{mid}/frames", content=frame_bytes(i), headers={"content-type": wire.MSGPACK})
