@@ -519,12 +519,24 @@ def _export_server(args) -> None:
 
 
 def _export_local(args) -> None:
+    from .persistence import DataDir
+
+    if args.store:  # snapshots + WAL in an object store; the snapshot is downloaded to a temporary cache
+        import tempfile
+
+        from .settings import Settings
+        from .store_backends import open_store
+
+        with tempfile.TemporaryDirectory(prefix="mapper-export-") as cache:
+            return _export_from(args, open_store(Settings(store=args.store, data_dir=Path(cache))))
+    return _export_from(args, DataDir(Path(args.data_dir), fsync=False))
+
+
+def _export_from(args, data) -> None:
     import shutil
 
-    from .persistence import DataDir
     from .store import find_map_dir, recover_map
 
-    data = DataDir(Path(args.data_dir), fsync=False)
     mdir = find_map_dir(data, args.map)
     m, info, snap, last, replayed = recover_map(mdir, None if args.device == "auto" else args.device)
     if args.mesh:
@@ -765,6 +777,11 @@ def build_parser() -> argparse.ArgumentParser:
     src = e.add_mutually_exclusive_group(required=True)
     src.add_argument("--server", help="service URL, e.g. http://127.0.0.1:8000")
     src.add_argument("--data-dir", type=Path, help="a data directory (offline, no server)")
+    src.add_argument(
+        "--store",
+        metavar="URL",
+        help="an object store s3://bucket/prefix (offline; MAPPER_S3_ENDPOINT_URL, AWS credentials)",
+    )
     e.add_argument("--map", required=True, help="map id or name")
     e.add_argument("--token", help="bearer token (default MAPPER_TOKEN)")
     e.add_argument(
@@ -780,7 +797,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait", type=float, default=5.0, help="seconds to wait for the server to be ready (default 5)"
     )
     e.add_argument(
-        "--device", default="auto", help="offline (--data-dir) only: auto | cpu | cuda[:N] (default auto)"
+        "--device",
+        default="auto",
+        help="offline (--data-dir, --store) only: auto | cpu | cuda[:N] (default auto)",
     )
     e.add_argument("--mcap", type=Path, help="write the Foxglove messages (mesh, poses, slice) as MCAP")
     e.add_argument("--mcap-z", type=float, default=None, help="MCAP slice height (default: last sensor z)")

@@ -242,7 +242,7 @@ def _tsdf_equal(a: Map, b: Map) -> None:
     torch.testing.assert_close(la["tsdf"], lb["tsdf"], rtol=0, atol=1e-3)
 
 
-def test_service_on_s3_snapshot_wal_tail_import_export(tmp_path, s3, bucket):
+def test_service_on_s3_snapshot_wal_tail_import_export(tmp_path, s3, bucket, monkeypatch):
     from fastapi.testclient import TestClient
 
     from mapper.api import create_app
@@ -285,6 +285,16 @@ def test_service_on_s3_snapshot_wal_tail_import_export(tmp_path, s3, bucket):
     t_a, _ = wire_tensors(exported)
     t_b, _ = wire_tensors(again)
     assert t_a.keys() == t_b.keys() and all(torch.equal(t_a[k], t_b[k]) for k in t_a)
+
+    # offline: `mapper export --store` recovers the map from the store alone
+    monkeypatch.setenv("MAPPER_S3_ENDPOINT_URL", s3)
+    out = tmp_path / "offline.safetensors"
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["export", "--store", f"s3://{bucket}/fleet", "--map", "yard", "--snapshot", str(out)])
+    assert exc.value.code == 0
+    offline = Map.from_state_dict(*load_snapshot_file(out), device="cpu")
+    assert offline.frames_integrated == 5
+    _tsdf_equal(offline, ref)
 
     # a restart on a fresh local data dir serves both maps from the store
     app = create_app(store_settings(tmp_path, s3, bucket, data_dir=tmp_path / "fresh"))
