@@ -692,7 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
         const="",
         metavar="ADDRESS",
         help="map workers as Ray actors: join the Ray cluster at ADDRESS (e.g. auto, ray://head:10001), or "
-        "start a local one without ADDRESS; --data-dir must be reachable by every node",
+        "start a local one without ADDRESS; --data-dir must be reachable by every node (unless --store)",
     )
     s.add_argument(
         "--ray-workers", type=int, metavar="N", help="map workers (default: one per GPU, 2 without GPUs)"

@@ -189,8 +189,8 @@ class MapWorker:
     def attach(self, map_id: str, source: str | None = None) -> dict:
         """Serve ``map_id``: move its directory from ``source`` (another worker's map directory on the
         shared root; an atomic rename) into this worker's (in an object store: make this worker its owner),
-        then recover it (snapshot + WAL tail) and start
-        its writer. Idempotent: a map already served is left as it is. Returns its summary."""
+        then recover it (snapshot + WAL tail) and start its writer. Idempotent: a map already served is
+        left as it is. Returns its summary."""
         return self._call(self._attach(map_id, source))
 
     async def _attach(self, map_id: str, source: str | None) -> dict:
