@@ -7,8 +7,8 @@ Layout of one map under ``<prefix>/maps/<id>/``::
     info.json                        id, name, created, config (written last when a map is created)
     owner                            the cluster worker serving the map (``w<i>``); absent: any server
     snapshot-<seq>.safetensors       the snapshot (uploaded first)
-    snapshot-<seq>.json              its manifest ``{"seq", "meta", "bytes"}``: written after the data
-                                     object, it publishes the snapshot (one PUT: an atomic switch)
+    snapshot-<seq>.json              its manifest ``{"seq", "meta", "bytes", "crc32"}``, written after the
+                                     data object: it publishes the snapshot (one PUT: an atomic switch)
     wal-<first seq>-<last seq>.log   one object per group commit: the batch's records, in the WAL
                                      record format of ``mapper.persistence`` (length, seq, CRC32)
     quarantine/<seq>.msgpack|.json   a record that failed on replay, kept aside
@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import shutil
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -90,6 +91,10 @@ def connect(url: str, endpoint_url: str | None = None):
         connect_timeout=5,
         read_timeout=60,
         max_pool_connections=32,  # the maps' writers, snapshot uploads and replay prefetch share it
+        # no default checksum trailers on PUT (some S3-compatible servers refuse them): WAL records carry
+        # their own CRC32, a snapshot's is in its manifest
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
         s3={"addressing_style": "path"} if endpoint_url else None,
     )
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
@@ -226,6 +231,15 @@ def _missing(e: Exception) -> bool:
     )
 
 
+def _crc(path: Path) -> int:
+    """CRC32 of a file (a snapshot: checked end to end, from the writer's cache to a reader's)."""
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
 # ---------------------------------------------------------------------------------------------- WAL
 class ObjectWal:
     """The WAL of one map in the store: ``append`` buffers records, ``sync`` PUTs them as one object
@@ -316,16 +330,20 @@ class ObjectMapDir:
 
     def latest_snapshot(self) -> Snapshot | None:
         """The newest published snapshot that can be read (older ones are fallbacks), in the local cache
-        (downloaded unless the cached file has the manifest's size)."""
+        (downloaded unless the cached file has the manifest's size and CRC32; a download must have them)."""
         for seq in reversed(self.snapshots()):
             try:
                 marker = json.loads(self.objects.get(self.prefix + f"snapshot-{seq:016d}.json") or b"")
                 path = self.snapshot_path(seq)
-                cached = path.exists() and path.stat().st_size == marker.get("bytes")
-                if not cached:
+                if not (
+                    path.exists() and path.stat().st_size == marker["bytes"] and _crc(path) == marker["crc32"]
+                ):
                     self.root.mkdir(parents=True, exist_ok=True)
                     if not self.objects.download(self.prefix + path.name, path):
                         raise FileNotFoundError(f"{self.url(path.name)} vanished")
+                    if _crc(path) != marker["crc32"]:
+                        path.unlink(missing_ok=True)
+                        raise ValueError(f"{self.url(path.name)}: CRC32 differs from its manifest's")
                 return Snapshot(seq, path, marker["meta"])
             except (OSError, ValueError, KeyError) as e:
                 log.error("%s: snapshot %d unreadable (%s); trying an older one", self.url(), seq, e)
@@ -342,9 +360,9 @@ class ObjectMapDir:
         tensors = {k: t.detach().cpu().contiguous() for k, t in tensors.items()}
         save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
         os.replace(tmp, path)
-        size = path.stat().st_size
+        size, crc = path.stat().st_size, _crc(path)
         self.objects.upload(path, self.prefix + path.name)
-        marker = {"seq": seq, "meta": meta, "bytes": size}
+        marker = {"seq": seq, "meta": meta, "bytes": size, "crc32": crc}
         self.objects.put(self.prefix + f"snapshot-{seq:016d}.json", json.dumps(marker).encode())
         return Snapshot(seq, path, meta)
 

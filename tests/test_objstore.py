@@ -193,6 +193,28 @@ def test_snapshot_manifest_publishes_prune_and_cache(tmp_path, s3, bucket):
     assert keys(s3, bucket, "fleet/maps/m2/") == [] and not md.root.exists()
 
 
+def test_a_corrupt_snapshot_falls_back_to_the_older_one(tmp_path, s3, bucket):
+    """The manifest's CRC32 checks a snapshot end to end: a download that differs (same size, one byte
+    flipped in the store) is refused and the older published snapshot is used; a stale cache file too."""
+    md = open_store(store_settings(tmp_path, s3, bucket)).map_dir("m5")
+    md.write_snapshot(2, {"a": torch.zeros(1000)}, {"config": {}})
+    md.write_snapshot(4, {"a": torch.ones(1000)}, {"config": {}})
+    c = boto3.client("s3", endpoint_url=s3)
+    key = "fleet/maps/m5/snapshot-0000000000000004.safetensors"
+    good = c.get_object(Bucket=bucket, Key=key)["Body"].read()
+    bad = bytearray(good)
+    bad[-5] ^= 0x01  # a tensor byte: safetensors would load it without noticing
+    c.put_object(Bucket=bucket, Key=key, Body=bytes(bad))
+    other = open_store(store_settings(tmp_path / "node2", s3, bucket)).map_dir("m5")
+    snap = other.latest_snapshot()
+    assert snap.seq == 2 and torch.equal(load_snapshot_file(snap.path)[0]["a"], torch.zeros(1000))
+    assert not other.snapshot_path(4).exists()  # the refused download is not kept
+    c.put_object(Bucket=bucket, Key=key, Body=good)
+    md.snapshot_path(4).write_bytes(bytes(bad))  # a stale cache file of the right size is not trusted
+    snap = md.latest_snapshot()
+    assert snap.seq == 4 and torch.equal(load_snapshot_file(snap.path)[0]["a"], torch.ones(1000))
+
+
 def test_recovery_quarantines_a_bad_record_in_the_store(tmp_path, s3, bucket):
     """A record that fails on replay is kept aside under quarantine/ in the store and replay goes on."""
     from mapper import store
