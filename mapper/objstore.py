@@ -48,6 +48,7 @@ _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _SNAP_RE = re.compile(r"snapshot-(\d{16})\.json$")
 _WAL_RE = re.compile(r"wal-(\d{16})-(\d{16})\.log$")
 _OWNER_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 REPLAY_PREFETCH = 16  # WAL objects fetched ahead on recovery
 
 
@@ -493,8 +494,10 @@ class ObjectDataDir:
         """Every map in the store (a prefix with ``info.json``) -> its owner (None: no owner object)."""
         out = {}
         for map_id in self.objects.folders(self.prefix + "maps/"):
+            if not _ID_RE.match(map_id):  # not written by mapper (ids: store.new_map_id)
+                continue
             mdir = self.map_dir(map_id)
-            if map_id.startswith(".") or not self.objects.exists(mdir.prefix + "info.json"):
+            if not self.objects.exists(mdir.prefix + "info.json"):
                 continue
             out[map_id] = mdir.owner()
         return out

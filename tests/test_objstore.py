@@ -246,7 +246,10 @@ def test_recovery_quarantines_a_bad_record_in_the_store(tmp_path, s3, bucket):
     for i in range(3):
         ref.integrate_lidar(*scan(i))
     _tsdf_equal(m, ref)
-    assert data.map_ids() == ["m4"]
+    c = boto3.client("s3", endpoint_url=s3)
+    c.put_object(Bucket=bucket, Key="fleet/maps/.x/info.json", Body=b"{}")  # not a map id
+    c.put_object(Bucket=bucket, Key="fleet/maps/half/snapshot-0000000000000000.json", Body=b"{}")  # no info
+    assert data.map_ids() == ["m4"] and data.owners() == {"m4": None}
 
 
 # --------------------------------------------------------------------------- the service on S3
