@@ -1,6 +1,6 @@
 """The ``mapper`` command line: serve, replay datasets, export meshes and slices, run the demo.
 
-    mapper serve [--host H] [--port P] [--data-dir D] [--device auto|cpu|cuda] [--token T ...]
+    mapper serve [--host H] [--port P] [--data-dir D] [--store s3://B/P] [--device auto|cpu|cuda] [--token T]
     mapper serve --ray [ADDRESS] [--ray-workers N] ...   (map workers as Ray actors: mapper.cluster)
     mapper replay --format kitti|replica|3dmatch|7scenes|norlab|pcd PATH (--server URL | --out DATA_DIR)
     mapper replay --format rosbag BAG --points-topic T [--world-frame F | --odom-topic T] (--server U|--out D)
@@ -169,6 +169,7 @@ def cmd_serve(args) -> int:
             "host": args.host,
             "port": args.port,
             "data_dir": args.data_dir,
+            "store": args.store,
             "device": args.device,
             "api_tokens": args.token,
             "log_level": args.log_level,
@@ -181,6 +182,10 @@ def cmd_serve(args) -> int:
         from ._validation import resolve_device
 
         device = resolve_device(settings.device)
+        if settings.store:  # an object store: bucket, credentials and endpoint checked before serving
+            from .store_backends import open_store
+
+            open_store(settings)
     except MapperError as e:
         print(f"mapper serve: {e}", file=sys.stderr)
         return 2
@@ -188,7 +193,8 @@ def cmd_serve(args) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     print(
-        f"mapper serve: http://{settings.host}:{settings.port} (device {device}, data {settings.data_dir}, "
+        f"mapper serve: http://{settings.host}:{settings.port} (device {device}, "
+        f"data {settings.store or settings.data_dir}, "
         f"auth {'on' if settings.auth_enabled else 'off'}; docs at /docs)",
         file=sys.stderr,
         flush=True,
@@ -513,12 +519,24 @@ def _export_server(args) -> None:
 
 
 def _export_local(args) -> None:
+    from .persistence import DataDir
+
+    if args.store:  # snapshots + WAL in an object store; the snapshot is downloaded to a temporary cache
+        import tempfile
+
+        from .settings import Settings
+        from .store_backends import open_store
+
+        with tempfile.TemporaryDirectory(prefix="mapper-export-") as cache:
+            return _export_from(args, open_store(Settings(store=args.store, data_dir=Path(cache))))
+    return _export_from(args, DataDir(Path(args.data_dir), fsync=False))
+
+
+def _export_from(args, data) -> None:
     import shutil
 
-    from .persistence import DataDir
     from .store import find_map_dir, recover_map
 
-    data = DataDir(Path(args.data_dir), fsync=False)
     mdir = find_map_dir(data, args.map)
     m, info, snap, last, replayed = recover_map(mdir, None if args.device == "auto" else args.device)
     if args.mesh:
@@ -658,6 +676,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", help="bind address (MAPPER_HOST, default 127.0.0.1)")
     s.add_argument("--port", type=int, help="MAPPER_PORT (default 8000)")
     s.add_argument("--data-dir", type=Path, help="MAPPER_DATA_DIR (default ./mapper-data)")
+    s.add_argument(
+        "--store",
+        metavar="URL",
+        help="keep snapshots + WAL in an object store: s3://bucket/prefix (MAPPER_STORE; MinIO: "
+        "MAPPER_S3_ENDPOINT_URL; credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY); default: --data-dir",
+    )
     s.add_argument("--device", help="auto | cpu | cuda[:N] (MAPPER_DEVICE)")
     s.add_argument("--token", action="append", help="bearer token (repeatable; MAPPER_API_TOKENS)")
     s.add_argument("--log-level", help="MAPPER_LOG_LEVEL (default info)")
@@ -668,7 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
         const="",
         metavar="ADDRESS",
         help="map workers as Ray actors: join the Ray cluster at ADDRESS (e.g. auto, ray://head:10001), or "
-        "start a local one without ADDRESS; --data-dir must be reachable by every node",
+        "start a local one without ADDRESS; --data-dir must be reachable by every node (unless --store)",
     )
     s.add_argument(
         "--ray-workers", type=int, metavar="N", help="map workers (default: one per GPU, 2 without GPUs)"
@@ -753,6 +777,11 @@ def build_parser() -> argparse.ArgumentParser:
     src = e.add_mutually_exclusive_group(required=True)
     src.add_argument("--server", help="service URL, e.g. http://127.0.0.1:8000")
     src.add_argument("--data-dir", type=Path, help="a data directory (offline, no server)")
+    src.add_argument(
+        "--store",
+        metavar="URL",
+        help="an object store s3://bucket/prefix (offline; MAPPER_S3_ENDPOINT_URL, AWS credentials)",
+    )
     e.add_argument("--map", required=True, help="map id or name")
     e.add_argument("--token", help="bearer token (default MAPPER_TOKEN)")
     e.add_argument(
@@ -768,7 +797,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait", type=float, default=5.0, help="seconds to wait for the server to be ready (default 5)"
     )
     e.add_argument(
-        "--device", default="auto", help="offline (--data-dir) only: auto | cpu | cuda[:N] (default auto)"
+        "--device",
+        default="auto",
+        help="offline (--data-dir, --store) only: auto | cpu | cuda[:N] (default auto)",
     )
     e.add_argument("--mcap", type=Path, help="write the Foxglove messages (mesh, poses, slice) as MCAP")
     e.add_argument("--mcap-z", type=float, default=None, help="MCAP slice height (default: last sensor z)")

@@ -72,43 +72,16 @@ def _crc(seq: int, payload: bytes) -> int:
     return zlib.crc32(payload, zlib.crc32(struct.pack("<Q", seq)))
 
 
-# ---------------------------------------------------------------------------------------------- WAL
-class WalWriter:
-    """Append-only log segment. ``append`` buffers, ``sync`` makes everything appended durable."""
-
-    def __init__(self, path: Path, fsync: bool = True):
-        self.path = path
-        self.fsync = fsync
-        new = not path.exists()
-        self._f = open(path, "ab")
-        if new and fsync:
-            os.fsync(self._f.fileno())
-            fsync_dir(path.parent)
-        self.size = self._f.tell()
-
-    def append(self, seq: int, payload: bytes) -> None:
-        if len(payload) >= MAX_RECORD:
-            raise InvalidArgument(f"record: {len(payload)} bytes exceed the log's record limit")
-        self._f.write(HEADER.pack(MAGIC, len(payload), seq, _crc(seq, payload)))
-        self._f.write(payload)
-        self.size += HEADER.size + len(payload)
-
-    def sync(self) -> None:
-        self._f.flush()
-        if self.fsync:
-            os.fsync(self._f.fileno())
-
-    def close(self) -> None:
-        if not self._f.closed:
-            self.sync()
-            self._f.close()
+def pack_record(seq: int, payload: bytes) -> bytes:
+    """One WAL record (header + payload), as every backend stores it."""
+    if len(payload) >= MAX_RECORD:
+        raise InvalidArgument(f"record: {len(payload)} bytes exceed the log's record limit")
+    return HEADER.pack(MAGIC, len(payload), seq, _crc(seq, payload)) + payload
 
 
-def read_wal(path: Path, repair: bool = False) -> Iterator[tuple[int, bytes]]:
-    """Yield ``(seq, payload)`` of the intact records of a segment. At the first torn or corrupt record
-    reading stops; with ``repair`` the file is truncated there (a crash mid-append leaves such a tail)."""
-    with open(path, "rb") as f:
-        data = f.read()
+def iter_records(data: bytes, on_bad=None) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(seq, payload)`` of the intact records at the start of ``data``; at the first torn or
+    corrupt record stop and call ``on_bad(byte offset, reason)``."""
     pos = 0
     n = len(data)
     while pos < n:
@@ -127,15 +100,60 @@ def read_wal(path: Path, repair: bool = False) -> Iterator[tuple[int, bytes]]:
                 if _crc(seq, payload) != crc:
                     bad = "CRC mismatch"
         if bad:
-            log.warning("%s: %s at byte %d of %d; %s", path, bad, pos, n, "truncating" if repair else "stop")
-            if repair:
-                with open(path, "r+b") as f:
-                    f.truncate(pos)
-                    f.flush()
-                    os.fsync(f.fileno())
+            if on_bad is not None:
+                on_bad(pos, bad)
             return
         yield seq, payload
         pos = end
+
+
+# ---------------------------------------------------------------------------------------------- WAL
+class WalWriter:
+    """Append-only log segment. ``append`` buffers, ``sync`` makes everything appended durable."""
+
+    def __init__(self, path: Path, fsync: bool = True):
+        self.path = path
+        self.fsync = fsync
+        new = not path.exists()
+        self._f = open(path, "ab")
+        if new and fsync:
+            os.fsync(self._f.fileno())
+            fsync_dir(path.parent)
+        self.size = self._f.tell()
+
+    def append(self, seq: int, payload: bytes) -> None:
+        rec = pack_record(seq, payload)
+        self._f.write(rec)
+        self.size += len(rec)
+
+    def sync(self) -> None:
+        self._f.flush()
+        if self.fsync:
+            os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self.sync()
+            self._f.close()
+
+
+def read_wal(path: Path, repair: bool = False) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(seq, payload)`` of the intact records of a segment. At the first torn or corrupt record
+    reading stops; with ``repair`` the file is truncated there (a crash mid-append leaves such a tail)."""
+    with open(path, "rb") as f:
+        data = f.read()
+
+    def bad(pos: int, reason: str) -> None:
+        log.warning(
+            "%s: %s at byte %d of %d; %s", path, reason, pos, len(data), "truncating" if repair else "stop"
+        )
+        if repair:
+            with open(path, "r+b") as f:
+                f.truncate(pos)
+                f.flush()
+                os.fsync(f.fileno())
+
+    yield from iter_records(data, bad)
 
 
 # ----------------------------------------------------------------------------------------- snapshots
@@ -340,3 +358,11 @@ class DataDir:
             for p in (self.root / "maps").iterdir()
             if p.is_dir() and not p.name.startswith(".") and (p / "info.json").exists()
         )
+
+    def claim(self, map_id: str, source: str | None = None) -> None:
+        """Make ``map_id`` one of this directory's maps before it is recovered here (a cluster move or
+        adoption): rename ``source`` (another worker's map directory on the same filesystem; atomic) into
+        place unless it is already here."""
+        target = self.map_dir(map_id).root
+        if source is not None and Path(source).exists() and not target.exists():
+            os.replace(source, target)

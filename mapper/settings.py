@@ -1,8 +1,9 @@
 """Service settings: environment variables with the ``MAPPER_`` prefix (pydantic-settings).
 
-``MAPPER_HOST``, ``MAPPER_PORT``, ``MAPPER_DATA_DIR``, ``MAPPER_DEVICE`` (``auto`` = CUDA when available),
-``MAPPER_API_TOKENS`` (comma-separated bearer tokens with full access), ``MAPPER_READ_TOKENS`` (read-only
-tokens), ``MAPPER_METRICS_TOKEN`` (a bearer token for ``/metrics`` only), limits
+``MAPPER_HOST``, ``MAPPER_PORT``, ``MAPPER_DATA_DIR``, ``MAPPER_STORE`` (``s3://bucket/prefix``: snapshots +
+WAL in an object store, ``MAPPER_S3_ENDPOINT_URL`` for MinIO), ``MAPPER_DEVICE`` (``auto`` = CUDA when
+available), ``MAPPER_API_TOKENS`` (comma-separated bearer tokens with full access), ``MAPPER_READ_TOKENS``
+(read-only tokens), ``MAPPER_METRICS_TOKEN`` (a bearer token for ``/metrics`` only), limits
 (``MAPPER_MAX_BODY_BYTES``, ``MAPPER_MAX_POSE_TRANSLATION_M``, ...), ``MAPPER_SNAPSHOT_INTERVAL_S``, the
 default map parameters and ``MAPPER_SHUTDOWN_GRACE_S``. ``mapper serve`` reads them; its flags override them.
 """
@@ -71,6 +72,11 @@ class Settings(BaseSettings):
     work_memory_bytes: int | None = Field(None, gt=0)
 
     # durability
+    # where snapshots + WAL live: unset = data_dir (a local or shared filesystem); s3://bucket/prefix = an
+    # S3-compatible object store (mapper.objstore; credentials from the usual AWS environment variables)
+    store: str | None = None
+    s3_endpoint_url: str | None = None  # MinIO or another S3-compatible server; unset = AWS S3
+    store_owner: str | None = None  # set by the cluster's map workers (w<i>): the maps they own in the store
     fsync: bool = True
     snapshot_interval_s: float = Field(300.0, ge=0)  # 0 = only on request and at shutdown
     snapshot_wal_bytes: int = Field(1024 * MiB, gt=0)  # also snapshot once the log grows past this

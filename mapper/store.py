@@ -9,7 +9,6 @@ its log record once; ``apply`` is the one call that enters the map, live and on 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -172,7 +171,7 @@ def find_map_dir(data: DataDir, id_or_name: str) -> MapDir:
         if map_id == id_or_name:
             return mdir
         try:
-            if json.loads((mdir.root / "info.json").read_text()).get("name") == id_or_name:
+            if mdir.read_info().get("name") == id_or_name:
                 return mdir
         except (OSError, ValueError):
             continue

@@ -53,9 +53,10 @@ from ..errors import (
     OutOfDeviceMemory,
 )
 from ..map import Map
-from ..persistence import DataDir, MapDir, Snapshot, load_snapshot_bytes
+from ..persistence import MapDir, Snapshot, load_snapshot_bytes
 from ..settings import Settings
 from ..store import check_name, new_map_id, recover_map
+from ..store_backends import open_store
 from . import memory
 from .errors import Busy, Unavailable
 from .metrics import Metrics
@@ -761,7 +762,7 @@ class MapService:
         self.settings = settings
         self.metrics = metrics
         self.device = self._device(settings.device)
-        self.data = DataDir(settings.data_dir, fsync=settings.fsync)
+        self.data = open_store(settings)  # DataDir (the default) or an object store (MAPPER_STORE)
         self.limits = wire.Limits(
             settings.max_points_per_frame,
             settings.max_image_pixels,

@@ -226,8 +226,11 @@ class Router:
         lowered). Each is placed like a new map and moved into its worker's directory. Returns their ids."""
         from pathlib import Path
 
+        from ..store_backends import is_object_store
         from .worker import worker_dir
 
+        if is_object_store(self.settings.store):
+            return await self._adopt_from_store()
         root = Path(root)
         n = len(self.workers)
         sources = [root / "maps"]
@@ -251,6 +254,30 @@ class Router:
                     continue
                 self.routes[d.name] = Route(i, summary["name"])
                 adopted.append(d.name)
+        if adopted:
+            log.info("adopted %d maps: %s", len(adopted), ", ".join(adopted))
+        return adopted
+
+    async def _adopt_from_store(self) -> list[str]:
+        """``adopt`` on an object store: the maps with no owner object (made by a plain ``mapper serve``)
+        or owned by a worker beyond the current count; each is placed like a new map and claimed."""
+        from ..store_backends import open_store
+
+        data = await asyncio.to_thread(open_store, self.settings, None)
+        owners = await asyncio.to_thread(data.owners)
+        current = {f"w{i}" for i in range(len(self.workers))}
+        adopted = []
+        for map_id, owner in sorted(owners.items()):
+            if owner in current or map_id in self.routes:
+                continue
+            i = await self.place()
+            try:
+                summary = await _await(self.workers[i].actor.attach.remote(map_id, None))
+            except Exception:
+                log.exception("map %s in %s: could not be adopted; left there", map_id, data.root)
+                continue
+            self.routes[map_id] = Route(i, summary["name"])
+            adopted.append(map_id)
         if adopted:
             log.info("adopted %d maps: %s", len(adopted), ", ".join(adopted))
         return adopted

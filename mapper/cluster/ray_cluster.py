@@ -82,7 +82,8 @@ def plan_workers(device: str, gpus: float, n: int | None) -> tuple[int, float, f
 def start_workers(settings, n: int | None = None, token: str | None = None) -> list[WorkerHandle]:
     """Create (or, when they exist in the namespace, reuse) ``n`` map-worker actors on the connected Ray
     cluster, each on ``<settings.data_dir>/workers/w<i>``. ``settings.data_dir`` must be reachable by every
-    node (a shared filesystem) for a restarted or moved map to be found."""
+    node (a shared filesystem) for a restarted or moved map to be found, unless ``settings.store`` is an
+    object store (then every worker keeps its maps there and ``data_dir`` holds local caches only)."""
     ray = require_ray()
     from .worker import MapWorker
 

@@ -63,6 +63,7 @@ class MapWorker:
         values = {
             **settings,
             "data_dir": str(worker_dir(root, index)),
+            "store_owner": f"w{index}",  # an object store (MAPPER_STORE): the maps this worker owns
             "host": self.host,
             "port": 0,
             "api_tokens": [token],
@@ -187,16 +188,15 @@ class MapWorker:
 
     def attach(self, map_id: str, source: str | None = None) -> dict:
         """Serve ``map_id``: move its directory from ``source`` (another worker's map directory on the
-        shared root; an atomic rename) into this worker's, then recover it (snapshot + WAL tail) and start
-        its writer. Idempotent: a map already served is left as it is. Returns its summary."""
+        shared root; an atomic rename) into this worker's (in an object store: make this worker its owner),
+        then recover it (snapshot + WAL tail) and start its writer. Idempotent: a map already served is
+        left as it is. Returns its summary."""
         return self._call(self._attach(map_id, source))
 
     async def _attach(self, map_id: str, source: str | None) -> dict:
         svc = self.service
         if map_id not in svc.maps:
-            target = svc.data.map_dir(map_id).root
-            if source is not None and Path(source).exists() and not target.exists():
-                await asyncio.to_thread(os.replace, source, target)
+            await asyncio.to_thread(svc.data.claim, map_id, source)  # a rename, or the owner object
             entry = await asyncio.to_thread(svc._recover, map_id)
             svc.maps[map_id] = entry
             entry.start()

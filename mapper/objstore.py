@@ -1,0 +1,513 @@
+"""Snapshots + WAL in an S3-compatible object store (AWS S3, MinIO): ``MAPPER_STORE=s3://bucket/prefix``.
+
+The same interface as the filesystem backend (``mapper.persistence.DataDir`` / ``MapDir`` / ``WalWriter``,
+described by ``mapper.store_backends``), so the service, recovery and the cluster use either unchanged.
+Layout of one map under ``<prefix>/maps/<id>/``::
+
+    info.json                        id, name, created, config (written last when a map is created)
+    owner                            the cluster worker serving the map (``w<i>``); absent: any server
+    snapshot-<seq>.safetensors       the snapshot (uploaded first)
+    snapshot-<seq>.json              its manifest ``{"seq", "meta", "bytes", "crc32"}``, written after the
+                                     data object: it publishes the snapshot (one PUT: an atomic switch)
+    wal-<first seq>-<last seq>.log   one object per group commit: the batch's records, in the WAL
+                                     record format of ``mapper.persistence`` (length, seq, CRC32)
+    quarantine/<seq>.msgpack|.json   a record that failed on replay, kept aside
+
+S3 has no append and no fsync: ``ObjectWal.sync`` PUTs the records appended since the last sync as one
+object, and the service acknowledges the batch only after that PUT returned (= durable in the store). A
+failed PUT fails the batch and drops its records (they were not acknowledged; a later batch never carries
+them). Recovery = newest manifest -> its snapshot -> the WAL objects after it, in sequence order. After a
+snapshot is published, the WAL objects it covers and all but the newest ``keep`` snapshots are deleted.
+A map moves between cluster workers by rewriting its ``owner`` object (nothing is copied or renamed).
+
+Snapshots also stay in a local cache (``<MAPPER_DATA_DIR>/store-cache/<id>/``): the service exports and
+loads them from there (a cache miss downloads the object); the store is the only durable copy.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import re
+import shutil
+import zlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from .errors import InvalidArgument
+from .persistence import FORMAT_VERSION, META_KEY, Snapshot, iter_records, pack_record
+
+log = logging.getLogger("mapper.objstore")
+
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_SNAP_RE = re.compile(r"snapshot-(\d{16})\.json$")
+_WAL_RE = re.compile(r"wal-(\d{16})-(\d{16})\.log$")
+_OWNER_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+REPLAY_PREFETCH = 16  # WAL objects fetched ahead on recovery
+
+
+class StoreError(OSError):
+    """A request to the object store failed (network, permissions, a vanished object). An ``OSError`` like
+    the filesystem backend's failures: a batch whose WAL PUT fails is refused, nothing is acknowledged."""
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """``s3://bucket[/prefix]`` -> ``(bucket, prefix)`` with the prefix empty or ending in ``/``. Raises
+    ``InvalidArgument`` naming what is wrong."""
+    if not isinstance(url, str) or not url.startswith("s3://"):
+        raise InvalidArgument(f"store: {str(url)[:200]!r} is not an s3://bucket/prefix URL")
+    bucket, _, prefix = url[len("s3://") :].partition("/")
+    if not _BUCKET_RE.match(bucket) or ".." in bucket:
+        raise InvalidArgument(
+            f"store: {bucket[:80]!r} in {url[:200]!r} is not a bucket name (3-63 characters of a-z, 0-9, "
+            "'.', '-')"
+        )
+    prefix = prefix.strip("/")
+    if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
+        raise InvalidArgument(f"store: the prefix {prefix[:200]!r} has an empty, '.' or '..' part")
+    return bucket, (prefix + "/" if prefix else "")
+
+
+def connect(url: str, endpoint_url: str | None = None):
+    """An S3 client for ``url``, checked: the bucket must exist and the credentials (the usual AWS
+    environment: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, a profile, an instance role) must reach
+    it. Returns ``(client, bucket, prefix)``; raises ``InvalidArgument`` with the reason otherwise."""
+    bucket, prefix = parse_url(url)
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError:
+        raise InvalidArgument("store: an s3:// store needs boto3: pip install 'mapper[s3]'") from None
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    where = endpoint_url or "AWS S3"
+    config = Config(
+        retries={"max_attempts": 3, "mode": "standard"},
+        connect_timeout=5,
+        read_timeout=60,
+        max_pool_connections=32,  # the maps' writers, snapshot uploads and replay prefetch share it
+        # no default checksum trailers on PUT (some S3-compatible servers refuse them): WAL records carry
+        # their own CRC32, a snapshot's is in its manifest
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+        s3={"addressing_style": "path"} if endpoint_url else None,
+    )
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    try:
+        client = boto3.session.Session().client(
+            "s3", endpoint_url=endpoint_url, region_name=region, config=config
+        )
+        client.head_bucket(Bucket=bucket)
+    except NoCredentialsError:
+        raise InvalidArgument(
+            f"store: no credentials for {url} (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or an AWS "
+            "profile)"
+        ) from None
+    except ClientError as e:
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in ("404", "NoSuchBucket") or status == 404:
+            raise InvalidArgument(f"store: bucket {bucket!r} does not exist at {where}") from None
+        if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
+            raise InvalidArgument(
+                f"store: access to bucket {bucket!r} at {where} denied ({code or status}): check "
+                "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the bucket's policy"
+            ) from None
+        raise InvalidArgument(f"store: bucket {bucket!r} at {where}: {code or status} ({e})") from None
+    except (BotoCoreError, ValueError) as e:  # no connection, a malformed endpoint URL, ...
+        raise InvalidArgument(
+            f"store: cannot reach {where} (MAPPER_S3_ENDPOINT_URL): {type(e).__name__}: {e}"
+        ) from None
+    return client, bucket, prefix
+
+
+class _Objects:
+    """The calls to one bucket, every failure raised as ``StoreError``."""
+
+    def __init__(self, client, bucket: str):
+        self.client = client
+        self.bucket = bucket
+
+    def _fail(self, what: str, key: str, e: Exception) -> StoreError:
+        return StoreError(f"store: {what} s3://{self.bucket}/{key} failed: {type(e).__name__}: {e}")
+
+    def put(self, key: str, data: bytes) -> None:
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+        except Exception as e:
+            raise self._fail("PUT", key, e) from None
+
+    def get(self, key: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except Exception as e:
+            if _missing(e):
+                return None
+            raise self._fail("GET", key, e) from None
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=key)
+            return True
+        except Exception as e:
+            if _missing(e):
+                return False
+            raise self._fail("HEAD", key, e) from None
+
+    def upload(self, path: Path, key: str) -> None:
+        try:
+            self.client.upload_file(str(path), self.bucket, key)
+        except Exception as e:
+            raise self._fail("upload of", key, e) from None
+
+    def download(self, key: str, path: Path) -> bool:
+        """Download to ``path`` (via a temporary name); False when the object does not exist."""
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            self.client.download_file(self.bucket, key, str(tmp))
+        except Exception as e:
+            tmp.unlink(missing_ok=True)
+            if _missing(e):
+                return False
+            raise self._fail("download of", key, e) from None
+        os.replace(tmp, path)
+        return True
+
+    def list(self, prefix: str) -> list[tuple[str, int]]:
+        """``(key, size)`` of every object under ``prefix``, in key order."""
+        out = []
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix
+            ):
+                out += [(o["Key"], o["Size"]) for o in page.get("Contents", [])]
+        except Exception as e:
+            raise self._fail("LIST", prefix, e) from None
+        return sorted(out)
+
+    def folders(self, prefix: str) -> list[str]:
+        """The names of the 'folders' directly under ``prefix`` (common prefixes, delimiter ``/``)."""
+        out = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix, Delimiter="/"
+            )
+            for page in pages:
+                out += [p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", [])]
+        except Exception as e:
+            raise self._fail("LIST", prefix, e) from None
+        return sorted(out)
+
+    def delete(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), 1000):
+            chunk = keys[i : i + 1000]
+            try:
+                r = self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True}
+                )
+            except Exception as e:
+                raise self._fail("DELETE", chunk[0], e) from None
+            if r.get("Errors"):
+                err = r["Errors"][0]
+                raise StoreError(
+                    f"store: DELETE s3://{self.bucket}/{err.get('Key')} failed: {err.get('Message')}"
+                )
+
+
+def _missing(e: Exception) -> bool:
+    resp = getattr(e, "response", None)
+    if not isinstance(resp, dict):
+        return False
+    code = str(resp.get("Error", {}).get("Code", ""))
+    return (
+        code in ("404", "NoSuchKey", "NotFound")
+        or resp.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404
+    )
+
+
+def _crc(path: Path) -> int:
+    """CRC32 of a file (a snapshot: checked end to end, from the writer's cache to a reader's)."""
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+# ---------------------------------------------------------------------------------------------- WAL
+class ObjectWal:
+    """The WAL of one map in the store: ``append`` buffers records, ``sync`` PUTs them as one object
+    ``wal-<first>-<last>.log`` (one per group commit). Same calls as ``persistence.WalWriter``."""
+
+    def __init__(self, objects: _Objects, prefix: str):
+        self.objects = objects
+        self.prefix = prefix
+        self.path = prefix + "wal-"  # where its objects go (the filesystem writer's path)
+        self.size = 0  # bytes PUT by this writer
+        self._buf = bytearray()
+        self._first: int | None = None
+        self._last = 0
+
+    def append(self, seq: int, payload: bytes) -> None:
+        self._buf += pack_record(seq, payload)
+        if self._first is None:
+            self._first = seq
+        self._last = seq
+
+    def sync(self) -> None:
+        """PUT the records appended since the last sync; when it returns they are durable. On failure they
+        are dropped (not acknowledged) and the error is raised."""
+        if self._first is None:
+            return
+        key = f"{self.prefix}wal-{self._first:016d}-{self._last:016d}.log"
+        data = bytes(self._buf)
+        self._buf.clear()
+        self._first = None
+        self.objects.put(key, data)
+        self.size += len(data)
+
+    def close(self) -> None:
+        self.sync()
+
+
+# -------------------------------------------------------------------------------------------- a map
+class ObjectMapDir:
+    """The objects of one map (same calls as ``persistence.MapDir``). ``root`` is the map's local cache
+    folder (its name is the map id)."""
+
+    def __init__(self, store: ObjectDataDir, map_id: str):
+        self.store = store
+        self.objects = store.objects
+        self.prefix = f"{store.prefix}maps/{map_id}/"
+        self.root = store.cache / map_id
+        self.fsync = False
+
+    @property
+    def id(self) -> str:
+        return self.root.name
+
+    def url(self, name: str = "") -> str:
+        return f"s3://{self.objects.bucket}/{self.prefix}{name}"
+
+    # info
+    def write_info(self, info: dict) -> None:
+        if self.store.owner is not None:  # owner first: info.json makes the prefix a map
+            self.objects.put(self.prefix + "owner", self.store.owner.encode())
+        self.objects.put(self.prefix + "info.json", json.dumps(info, indent=1).encode())
+
+    def read_info(self) -> dict:
+        data = self.objects.get(self.prefix + "info.json")
+        if data is None:
+            raise FileNotFoundError(f"{self.url('info.json')} does not exist")
+        return json.loads(data)
+
+    def owner(self) -> str | None:
+        data = self.objects.get(self.prefix + "owner")
+        return None if data is None else data.decode(errors="replace").strip()
+
+    # snapshots
+    def _keys(self, sub: str = "") -> list[tuple[str, int]]:
+        return self.objects.list(self.prefix + sub)
+
+    def snapshots(self) -> list[int]:
+        keys = {k[len(self.prefix) :] for k, _ in self._keys("snapshot-")}
+        seqs = []
+        for name in keys:
+            m = _SNAP_RE.fullmatch(name)
+            if m and f"snapshot-{m.group(1)}.safetensors" in keys:
+                seqs.append(int(m.group(1)))
+        return sorted(seqs)
+
+    def snapshot_path(self, seq: int) -> Path:
+        """The snapshot's file in the local cache."""
+        return self.root / f"snapshot-{seq:016d}.safetensors"
+
+    def latest_snapshot(self) -> Snapshot | None:
+        """The newest published snapshot that can be read (older ones are fallbacks), in the local cache
+        (downloaded unless the cached file has the manifest's size and CRC32; a download must have them)."""
+        for seq in reversed(self.snapshots()):
+            try:
+                marker = json.loads(self.objects.get(self.prefix + f"snapshot-{seq:016d}.json") or b"")
+                path = self.snapshot_path(seq)
+                if not (
+                    path.exists() and path.stat().st_size == marker["bytes"] and _crc(path) == marker["crc32"]
+                ):
+                    self.root.mkdir(parents=True, exist_ok=True)
+                    if not self.objects.download(self.prefix + path.name, path):
+                        raise FileNotFoundError(f"{self.url(path.name)} vanished")
+                    if _crc(path) != marker["crc32"]:
+                        path.unlink(missing_ok=True)
+                        raise ValueError(f"{self.url(path.name)}: CRC32 differs from its manifest's")
+                return Snapshot(seq, path, marker["meta"])
+            except (OSError, ValueError, KeyError) as e:
+                log.error("%s: snapshot %d unreadable (%s); trying an older one", self.url(), seq, e)
+        return None
+
+    def write_snapshot(self, seq: int, tensors: dict[str, torch.Tensor], meta: dict) -> Snapshot:
+        """Write the snapshot to the cache, upload it, then publish it with its manifest."""
+        from safetensors.torch import save_file
+
+        meta = {**meta, "wal_seq": seq, "format": FORMAT_VERSION}
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.snapshot_path(seq)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tensors = {k: t.detach().cpu().contiguous() for k, t in tensors.items()}
+        save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
+        os.replace(tmp, path)
+        size, crc = path.stat().st_size, _crc(path)
+        self.objects.upload(path, self.prefix + path.name)
+        marker = {"seq": seq, "meta": meta, "bytes": size, "crc32": crc}
+        self.objects.put(self.prefix + f"snapshot-{seq:016d}.json", json.dumps(marker).encode())
+        return Snapshot(seq, path, meta)
+
+    def prune(self, covered_seq: int, keep: int) -> None:
+        """Delete the WAL objects the snapshot at ``covered_seq`` covers and all but the newest ``keep``
+        snapshots (manifest first: a manifest never names a missing object), in the store and the cache."""
+        covered = [
+            k for k, _ in self._keys("wal-") if (m := _WAL_RE.search(k)) and int(m.group(2)) <= covered_seq
+        ]
+        self.objects.delete(covered)
+        old = self.snapshots()[:-keep]
+        self.objects.delete([self.prefix + f"snapshot-{s:016d}.json" for s in old])
+        self.objects.delete([self.prefix + f"snapshot-{s:016d}.safetensors" for s in old])
+        kept = {self.snapshot_path(s).name for s in self.snapshots()}
+        if self.root.is_dir():
+            for p in self.root.iterdir():
+                if p.name not in kept:
+                    p.unlink(missing_ok=True)
+
+    # WAL
+    def wal_segments(self) -> list[tuple[int, str]]:
+        """``(first seq, key)`` of the WAL objects in order."""
+        out = []
+        for k, _ in self._keys("wal-"):
+            m = _WAL_RE.search(k)
+            if m:
+                out.append((int(m.group(1)), k))
+        return sorted(out)
+
+    def open_wal(self, first_seq: int) -> ObjectWal:
+        return ObjectWal(self.objects, self.prefix)
+
+    def replay(self, after_seq: int) -> Iterator[tuple[int, bytes]]:
+        """WAL records with ``seq > after_seq`` in order. A corrupt record (it cannot be torn: a PUT is
+        all or nothing) ends its object's records, as a torn tail ends a file segment's."""
+        keys = []
+        for k, _ in self._keys("wal-"):
+            m = _WAL_RE.search(k)
+            if m and int(m.group(2)) > after_seq:
+                keys.append(k)
+        last = after_seq
+        for key, data in self._fetched(keys):
+            if data is None:
+                raise StoreError(f"store: s3://{self.objects.bucket}/{key} vanished during replay")
+
+            n = len(data)
+
+            def bad(pos: int, reason: str, key=key, n=n) -> None:
+                log.warning("s3://%s/%s: %s at byte %d of %d; stop", self.objects.bucket, key, reason, pos, n)
+
+            for seq, payload in iter_records(data, bad):
+                if seq <= last:
+                    continue
+                yield seq, payload
+                last = seq
+
+    def _fetched(self, keys: list[str]) -> Iterator[tuple[str, bytes | None]]:
+        """``(key, bytes)`` in order, ``REPLAY_PREFETCH`` GETs in flight (one object per group commit: a
+        replay is bound by request latency, not bandwidth)."""
+        with ThreadPoolExecutor(REPLAY_PREFETCH, thread_name_prefix="wal-get") as pool:
+            ahead: collections.deque = collections.deque()
+            for k in keys:
+                ahead.append((k, pool.submit(self.objects.get, k)))
+                if len(ahead) >= REPLAY_PREFETCH:
+                    key, fut = ahead.popleft()
+                    yield key, fut.result()
+            while ahead:
+                key, fut = ahead.popleft()
+                yield key, fut.result()
+
+    # quarantine
+    def quarantine(self, seq: int, payload: bytes, error: str) -> str:
+        key = self.prefix + f"quarantine/{seq:016d}"
+        self.objects.put(key + ".msgpack", payload)
+        self.objects.put(
+            key + ".json", json.dumps({"seq": seq, "error": error, "bytes": len(payload)}).encode()
+        )
+        return f"s3://{self.objects.bucket}/{key}.msgpack"
+
+    def quarantined(self) -> list[dict]:
+        notes = []
+        for k, _ in self._keys("quarantine/"):
+            if not k.endswith(".json"):
+                continue
+            try:
+                notes.append(json.loads(self.objects.get(k) or b""))
+            except (OSError, ValueError):
+                notes.append({"seq": k.rsplit("/", 1)[-1][:-5], "error": "unreadable note"})
+        return notes
+
+    def wal_bytes(self) -> int:
+        return sum(size for k, size in self._keys("wal-") if _WAL_RE.search(k))
+
+    def remove(self) -> None:
+        """Delete the map: ``info.json`` first (the prefix stops being a map at once), then the rest."""
+        self.objects.delete([self.prefix + "info.json"])
+        self.objects.delete([k for k, _ in self._keys()])
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class ObjectDataDir:
+    """``MAPPER_STORE=s3://bucket/prefix``: one prefix per map under ``<prefix>/maps/`` (same calls as
+    ``persistence.DataDir``).
+
+    Args:
+        url: ``s3://bucket[/prefix]``.
+        cache: the local folder for snapshot copies (``<MAPPER_DATA_DIR>/store-cache``).
+        endpoint_url: an S3-compatible server (MinIO: ``http://host:9000``); None: AWS S3.
+        owner: the cluster worker this service is (``w<i>``): it serves the maps whose ``owner`` object
+            names it and marks the maps it creates or claims; None (``mapper serve``): every map.
+    """
+
+    def __init__(self, url: str, cache: Path, endpoint_url: str | None = None, owner: str | None = None):
+        if owner is not None and not _OWNER_RE.match(owner):
+            raise InvalidArgument(f"store: owner {owner[:80]!r} is not a worker name")
+        client, bucket, self.prefix = connect(url, endpoint_url)
+        self.objects = _Objects(client, bucket)
+        self.root = f"s3://{bucket}/{self.prefix}"
+        self.cache = Path(cache)
+        self.owner = owner
+        self.fsync = False
+        self.cache.mkdir(parents=True, exist_ok=True)
+
+    def map_dir(self, map_id: str) -> ObjectMapDir:
+        return ObjectMapDir(self, map_id)
+
+    def owners(self) -> dict[str, str | None]:
+        """Every map in the store (a prefix with ``info.json``) -> its owner (None: no owner object)."""
+        out = {}
+        for map_id in self.objects.folders(self.prefix + "maps/"):
+            if not _ID_RE.match(map_id):  # not written by mapper (ids: store.new_map_id)
+                continue
+            mdir = self.map_dir(map_id)
+            if not self.objects.exists(mdir.prefix + "info.json"):
+                continue
+            out[map_id] = mdir.owner()
+        return out
+
+    def map_ids(self) -> list[str]:
+        """The maps this service serves: all of them, or those its ``owner`` owns."""
+        return sorted(m for m, o in self.owners().items() if self.owner is None or o == self.owner)
+
+    def claim(self, map_id: str, source: str | None = None) -> None:
+        """Make this worker the map's owner (a move or an adoption): one PUT, nothing moves. ``source``
+        (the previous owner's cache folder) is not needed."""
+        if self.owner is not None:
+            self.objects.put(self.map_dir(map_id).prefix + "owner", self.owner.encode())
