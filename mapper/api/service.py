@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -42,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import budget, store, warmup, wire
+from .. import budget, gc_policy, store, warmup, wire
 from .._validation import check_translation
 from ..errors import (
     Conflict,
@@ -1046,6 +1047,8 @@ class MapService:
             await asyncio.to_thread(e.dir.remove)
             self.metrics.forget_map(map_id)
             self.metrics.maps.set(len(self.maps))
+            if gc.get_freeze_count():  # frozen after the warm-up: its cycles need a thaw (mapper.gc_policy)
+                await asyncio.to_thread(gc_policy.settle)
 
 
 def writer_slots(setting: int, device: torch.device) -> int:
