@@ -303,8 +303,9 @@ def bench_case(case: str, frames, args, dev: torch.device, compiles: CompileCoun
             torch.cuda.empty_cache()
     m = make_map(case, dev)
     gc_full_before = gc_full_after = None
-    if args.gc == "settle":  # what the service does after its warm-up (mapper.gc_policy)
-        gc_full_before = gc_policy.full_collection_ms()
+    gc.unfreeze()  # the map's warm-up (mapper.warmup) settled already: measure without, then per policy
+    if args.gc == "settle":  # what the warm-up does (mapper.gc_policy)
+        gc_full_before = gc_policy.full_collection_ms()  # one full collection of the whole heap
         gc_policy.settle()
     c_before = compiles.n
     live0 = len(gc.get_objects())  # objects the collector tracks, the frozen ones apart

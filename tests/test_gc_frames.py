@@ -51,17 +51,18 @@ def _cycles_of(step, frames: int) -> tuple[int, collections.Counter]:
     return found, types
 
 
-def _depth(i: int):
+def _depth(i: int, device: torch.device):
     cam = sim.PinholeCamera(width=64, height=48, fx=50.0, fy=50.0, cx=31.5, cy=23.5)
-    return next(iter(sim.depth_sequence(1, cam, seed=i, max_range_m=6.0)))
+    return next(iter(sim.depth_sequence(1, cam, device=device, seed=i, max_range_m=6.0)))
 
 
-def test_frames_leave_no_reference_cycles(collector):
-    lidar_esdf = Map(0.25, layers=("tsdf", "esdf"), device="cpu", max_range_m=10.0)
-    occ_esdf = Map(0.25, layers=("occupancy", "esdf"), device="cpu", max_range_m=10.0)
-    depth = Map(0.1, layers=("tsdf", "color"), device="cpu", max_range_m=6.0)
-    posless = Map(0.25, layers=("tsdf",), device="cpu", max_range_m=10.0)
-    q = torch.tensor([[1.0, 0.5, 0.2], [3.0, -1.0, 0.0]])
+def test_frames_leave_no_reference_cycles(collector, device):
+    kw = {"device": device, "warmup": False}  # on CUDA the first frames compile (outside the check)
+    lidar_esdf = Map(0.25, layers=("tsdf", "esdf"), max_range_m=10.0, **kw)
+    occ_esdf = Map(0.25, layers=("occupancy", "esdf"), max_range_m=10.0, **kw)
+    depth = Map(0.1, layers=("tsdf", "color"), max_range_m=6.0, **kw)
+    posless = Map(0.25, layers=("tsdf",), max_range_m=10.0, **kw)
+    q = torch.tensor([[1.0, 0.5, 0.2], [3.0, -1.0, 0.0]], device=device)
 
     def lidar_step(i):
         pts, T = scan(i, 1500)
@@ -76,8 +77,8 @@ def test_frames_leave_no_reference_cycles(collector):
     version = [None]
 
     def depth_step(i):
-        d, K, T = _depth(i)
-        color = torch.full((*d.shape, 3), 100 + i, dtype=torch.uint8)
+        d, K, T = _depth(i, device)
+        color = torch.full((*d.shape, 3), 100 + i, dtype=torch.uint8, device=device)
         depth.integrate_depth(d, K, T, color=color)
         mesh = depth.mesh(since_version=version[0]) if version[0] is not None else depth.mesh()
         version[0] = mesh.version
@@ -100,8 +101,8 @@ def test_a_cycle_is_found(collector):
     assert found == 2 and types["dict"] == 2
 
 
-def test_settled_frames_start_no_full_collection(collector):
-    m = Map(0.25, layers=("tsdf", "esdf"), device="cpu", max_range_m=10.0)
+def test_settled_frames_start_no_full_collection(collector, device):
+    m = Map(0.25, layers=("tsdf", "esdf"), device=device, max_range_m=10.0, warmup=False)
     for i in range(2):
         pts, T = scan(i, 1500)
         m.integrate_lidar(pts, T)
