@@ -22,11 +22,8 @@ from . import maintenance, map_io
 from .errors import InvalidArgument
 from .integrators.base import BrickQueue, DepthFrame, LidarFrame
 from .integrators.common import check_color, check_depth, check_intrinsics, check_points, check_pose
-from .integrators.free import FreeSpaceIntegrator
-from .integrators.occupancy import OccupancyIntegrator
-from .integrators.tsdf import TsdfIntegrator
 from .kernels.keys import COORD_LIMIT_VOX
-from .layer_kinds import ObservedRecord, OccupancyLayer, StoredLayer, TsdfLayer, source_layers
+from .layer_kinds import StoredLayer
 from .map_config import MapConfig
 from .map_reads import MapReads
 from .timing import StageTimer
@@ -93,30 +90,12 @@ class Map(MapReads):
         self.tsdf_config, self.occupancy_config = c.tsdf_config, c.occupancy_config
         self.registration_config = c.registration_config
         self.device = v.resolve_device(device)
-        self._tsdf, self._occ = source_layers(self.layers, self.device, self.voxel_size_m)
+        self._tsdf, self._occ, self._free, self._esdf = c.build_layers(self.device)  # stored, then derived
         self._tracker = LidarTracker(self.registration_config, self.device)  # frames without a pose
-        self._esdf = None
-        self._free = None  # observed free space at the ESDF's resolution (see mapper.integrators.free)
-        if "esdf" in self.layers:
-            from .integrators.esdf import EsdfIntegrator
-
-            self._esdf = EsdfIntegrator(
-                self.esdf_voxel_size_m,
-                self.esdf_max_distance_m,
-                self.device,
-                source_voxel_size_m=self.voxel_size_m,
-            )
-            if self._occ is None or not self._esdf.same_lattice:
-                self._free = ObservedRecord(self.device, self.esdf_voxel_size_m)
         # what the ESDF must still update: source bricks whose surface or sign changed, and ESDF bricks
         # whose free-record state changed (the integrators' results and the edits, see _bind)
         self._surface_queue, self._free_queue = BrickQueue(), BrickQueue()
-        tau = self.tsdf_config.tau if self._tsdf is not None else 0.0
-        self._integrators = {
-            TsdfLayer: TsdfIntegrator(self.tsdf_config),
-            OccupancyLayer: OccupancyIntegrator(self.occupancy_config),
-            ObservedRecord: FreeSpaceIntegrator(self.esdf_voxel_size_m, tau),
-        }
+        self._integrators = c.integrators()  # by stored layer kind
         self._bind()
         self._last_updated: dict[str, torch.Tensor] = {}  # the bricks each layer's integrator last updated
         self.frames_integrated = 0

@@ -3,18 +3,22 @@
 ``MapConfig.check`` turns the arguments into well-formed values and the integrators' configurations
 (``TsdfConfig``, ``OccupancyConfig``, ``OdometryConfig``), raising ``InvalidArgument`` /
 ``InvalidArgumentType`` naming the argument; ``MapConfig.to_dict`` is ``Map.config()``, so
-``Map(**m.config())`` makes an empty twin (the service logs it, snapshots store it).
+``Map(**m.config())`` makes an empty twin (the service logs it, snapshots store it). ``build_layers`` and
+``integrators`` make what a map of these settings holds and runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ._validation import positive
 from .errors import InvalidArgument, InvalidArgumentType
-from .integrators.occupancy import OccupancyConfig
-from .integrators.tsdf import TsdfConfig
-from .layer_kinds import check_layers
+from .integrators.free import FreeSpaceIntegrator
+from .integrators.occupancy import OccupancyConfig, OccupancyIntegrator
+from .integrators.tsdf import TsdfConfig, TsdfIntegrator
+from .layer_kinds import ObservedRecord, OccupancyLayer, TsdfLayer, check_layers, source_layers
 from .registration import OdometryConfig
 from .sharding import ShardSpec
 
@@ -97,6 +101,29 @@ class MapConfig:
             occ,
             odometry,
         )
+
+    def build_layers(self, device: torch.device):
+        """Empty layers on ``device``: (``TsdfLayer`` or None, ``OccupancyLayer`` or None,
+        ``ObservedRecord`` (the free space observed at the ESDF's voxel, :mod:`mapper.integrators.free`)
+        or None, ``EsdfIntegrator`` (the derived ESDF layer and its updater) or None)."""
+        tsdf, occ = source_layers(self.layers, device, self.voxel_size_m)
+        if "esdf" not in self.layers:
+            return tsdf, occ, None, None
+        from .integrators.esdf import EsdfIntegrator
+
+        es = self.esdf_voxel_size_m
+        esdf = EsdfIntegrator(es, self.esdf_max_distance_m, device, source_voxel_size_m=self.voxel_size_m)
+        free = ObservedRecord(device, es) if occ is None or not esdf.same_lattice else None
+        return tsdf, occ, free, esdf
+
+    def integrators(self) -> dict[type, object]:
+        """The integrator of each stored layer kind (the contract of :mod:`mapper.integrators.base`)."""
+        tau = self.tsdf_config.tau if "tsdf" in self.layers else 0.0
+        return {
+            TsdfLayer: TsdfIntegrator(self.tsdf_config),
+            OccupancyLayer: OccupancyIntegrator(self.occupancy_config),
+            ObservedRecord: FreeSpaceIntegrator(self.esdf_voxel_size_m, tau),
+        }
 
     def to_dict(self) -> dict:
         """The constructor arguments (JSON-serialisable); the device and the warm-up are not part of it."""
