@@ -93,8 +93,8 @@ class MapReads:
         """The ESDF on the plane ``z = z_m`` over ``[aabb_min_xy, aabb_max_xy]`` (default: the ESDF's
         extent) at ``resolution_m`` (default: the ESDF voxel size); NaN = unknown."""
         return Q.esdf_slice(
-            self._distance(update_esdf), lambda: self._esdf_bounds(update_esdf), self.device, self._chunk(),
-            self.esdf_voxel_size_m, z_m, aabb_min_xy, aabb_max_xy, resolution_m, max_pixels,
+            lambda: self._distance(update_esdf), lambda: self._esdf_bounds(update_esdf), self.device,
+            self._chunk(), self.esdf_voxel_size_m, z_m, aabb_min_xy, aabb_max_xy, resolution_m, max_pixels,
         )  # fmt: skip
 
     def esdf_box(
@@ -103,7 +103,7 @@ class MapReads:
         """Dense ESDF, its gradient and the observed mask on a box (samples at voxel-size spacing by
         default: the ESDF voxel size), like nvblox's EsdfAndGradients service."""
         return Q.esdf_box(
-            self._distance(update_esdf), self.device, self._chunk(), self.esdf_voxel_size_m,
+            lambda: self._distance(update_esdf), self.device, self._chunk(), self.esdf_voxel_size_m,
             aabb_min, aabb_max, resolution_m, max_voxels,
         )  # fmt: skip
 

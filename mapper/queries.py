@@ -246,8 +246,9 @@ def esdf_slice(
 ) -> Slice:
     """The ESDF on the plane ``z = z_m`` over ``[aabb_min_xy, aabb_max_xy]`` (default: ``bounds()``, the
     ESDF's extent ``(min [3], max [3])``) at ``resolution_m`` (default: the ESDF voxel ``voxel_size_m``);
-    ``distance(points [m, 3]) -> (distance, ...)`` per chunk of ``step`` points. NaN = unknown. More than
-    ``max_pixels`` samples raise ``RequestTooLarge``."""
+    ``distance()``, called once the arguments are checked, gives the query ``points float64 [m, 3] ->
+    (distance, ...)``, run per chunk of ``step`` points. NaN = unknown. More than ``max_pixels`` samples
+    raise ``RequestTooLarge``."""
     z = float(z_m)
     if not math.isfinite(z):
         raise InvalidArgument(f"z_m: expected a finite number, got {z_m}")
@@ -267,7 +268,8 @@ def esdf_slice(
     xs = lo[0] + (torch.arange(w, device=device, dtype=torch.float64) + 0.5) * res
     ys = lo[1] + (torch.arange(h, device=device, dtype=torch.float64) + 0.5) * res
     zs = torch.full((1,), z, dtype=torch.float64, device=device)
-    (d,) = chunked(lambda q: distance(q)[:1], lattice_points((ys, xs, zs), (1, 0, 2)), h * w, step)
+    query = distance()
+    (d,) = chunked(lambda q: query(q)[:1], lattice_points((ys, xs, zs), (1, 0, 2)), h * w, step)
     return Slice(d.reshape(h, w), (float(lo[0]), float(lo[1])), res, z)
 
 
@@ -289,7 +291,7 @@ def esdf_box(
             f"aabb_max: the box would have {n} = {n[0] * n[1] * n[2]} samples (limit {max_voxels})"
         )
     axes = [lo[a] + (torch.arange(n[a], device=device, dtype=torch.float64) + 0.5) * res for a in range(3)]
-    d, g, o = chunked(distance, lattice_points(axes, (0, 1, 2)), n[0] * n[1] * n[2], step)
+    d, g, o = chunked(distance(), lattice_points(axes, (0, 1, 2)), n[0] * n[1] * n[2], step)
     return EsdfBox(d.reshape(*n), g.reshape(*n, 3), o.reshape(*n), tuple(lo.tolist()), res)
 
 
