@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import gc
 import time
+import weakref
 
 import pytest
 import torch
@@ -131,3 +132,21 @@ def test_settled_frames_start_no_full_collection(collector, device):
     assert full == [], f"{len(full)} full collections in {frames} frames"
     grown = len(gc.get_objects()) - tracked0
     assert grown <= 64 + 8 * frames, f"{grown} more tracked objects after {frames} frames"
+
+
+def test_settle_thaws_what_it_froze(collector):
+    """Frozen objects are never collected as cycles (the hazard of ``gc.freeze()``: the service settles
+    again when it deletes a map); the next ``settle()`` thaws them first and collects them."""
+
+    class Node:
+        pass
+
+    a = Node()
+    a.self = a  # a cycle: only the cyclic collector frees it
+    ref = weakref.ref(a)
+    gc_policy.settle()
+    del a
+    gc.collect()
+    assert ref() is not None  # frozen: invisible to the collector
+    gc_policy.settle()
+    assert ref() is None
