@@ -91,6 +91,32 @@ def test_frames_leave_no_reference_cycles(collector, device):
         assert found == 0, f"{step.__name__}: {found} objects in reference cycles: {types.most_common(8)}"
 
 
+def test_a_dropped_map_leaves_no_reference_cycles(collector, device):
+    """Maps are freed by reference counting (so a map frozen by ``settle()`` is still freed when dropped):
+    every kind of map, after frames, ESDF, queries, a read view, meshes and a snapshot."""
+    kw = {"device": device, "warmup": False}
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    for layers in (("tsdf", "esdf"), ("occupancy", "esdf"), ("tsdf", "color", "occupancy")):
+        m = Map(0.25, layers=layers, max_range_m=10.0, **kw)
+        for i in range(2):
+            pts, T = scan(i, 1500)
+            m.integrate_lidar(pts, T if i else None)
+        if m._esdf is not None:
+            m.update_esdf()
+            m.esdf_slice(0.5)
+        view = m.read_view()
+        view.stats()
+        if m._tsdf is not None:
+            m.mesh()
+        m.state_dict()
+        del m, view
+        found = gc.collect()
+        types = collections.Counter(type(o).__qualname__ for o in gc.garbage)
+        assert found == 0, f"{layers}: {found} objects in reference cycles: {types.most_common(8)}"
+
+
 def test_a_cycle_is_found(collector):
     """The check above can fail: a frame step that leaves one cycle is caught."""
 
@@ -150,3 +176,26 @@ def test_settle_thaws_what_it_froze(collector):
     assert ref() is not None  # frozen: invisible to the collector
     gc_policy.settle()
     assert ref() is None
+
+
+def test_a_deleted_map_frozen_by_the_warm_up_is_freed(tmp_path, collector):
+    """A map alive at the warm-up's ``gc.freeze()`` is still freed, with its tensors, when the service
+    deletes it: its entry and the map hold no reference cycles (a frozen cycle would never be collected)."""
+    from test_service_helpers import client, frame_bytes
+
+    from mapper import wire
+
+    with client(tmp_path) as c:
+        mid = c.post("/v1/maps", json={"voxel_size_m": 0.25, "layers": ["tsdf"]}).json()["id"]
+        r = c.post(f"/v1/maps/{mid}/frames", content=frame_bytes(0), headers={"content-type": wire.MSGPACK})
+        assert r.status_code == 200, r.text
+        entry = c.app.state.service.maps[mid]
+        refs = weakref.ref(entry), weakref.ref(entry.map)
+        del entry
+        gc_policy.settle()  # what the warm-up does: the map and its entry are frozen now
+        assert gc.get_freeze_count() > 0
+        assert c.delete(f"/v1/maps/{mid}").status_code == 204
+        deadline = time.monotonic() + 10.0
+        while any(ref() is not None for ref in refs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [ref() is None for ref in refs] == [True, True]

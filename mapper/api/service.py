@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import gc
 import logging
 import math
 import os
@@ -43,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import budget, gc_policy, store, warmup, wire
+from .. import budget, store, warmup, wire
 from .._validation import check_translation
 from ..errors import (
     Conflict,
@@ -911,6 +910,7 @@ class MapService:
                     await e.snapshot()
                 except Exception:
                     log.exception("map %s: periodic snapshot failed", e.id)
+            e = None  # not across the sleep: a deleted map would stay alive (its GPU memory) until then
 
     def quarantine_report(self, per_map: int = 10) -> dict[str, dict]:
         """Maps with quarantined WAL records: ``{id: {"count", "records": the newest per_map notes}}``."""
@@ -1047,8 +1047,6 @@ class MapService:
             await asyncio.to_thread(e.dir.remove)
             self.metrics.forget_map(map_id)
             self.metrics.maps.set(len(self.maps))
-            if gc.get_freeze_count():  # frozen after the warm-up: its cycles need a thaw (mapper.gc_policy)
-                await asyncio.to_thread(gc_policy.settle)
 
 
 def writer_slots(setting: int, device: torch.device) -> int:
