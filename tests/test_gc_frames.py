@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import time
 import weakref
@@ -52,6 +53,30 @@ def _cycles_of(step, frames: int) -> tuple[int, collections.Counter]:
     return found, types
 
 
+@contextlib.contextmanager
+def _triton_compiles():
+    """The names of the Triton kernels compiled inside the block (none without Triton)."""
+    names: list[str] = []
+    try:
+        import triton
+
+        knobs = triton.knobs.runtime
+    except (ImportError, AttributeError):
+        yield names
+        return
+    prev = knobs.jit_post_compile_hook
+
+    def hook(*args, **kwargs):
+        names.append(str(getattr(kwargs.get("fn"), "name", kwargs.get("fn"))))
+        return prev(*args, **kwargs) if prev is not None else False
+
+    knobs.jit_post_compile_hook = hook
+    try:
+        yield names
+    finally:
+        knobs.jit_post_compile_hook = prev
+
+
 def _depth(i: int, device: torch.device):
     cam = sim.PinholeCamera(width=64, height=48, fx=50.0, fy=50.0, cx=31.5, cy=23.5)
     return next(iter(sim.depth_sequence(1, cam, device=device, seed=i, max_range_m=6.0)))
@@ -86,8 +111,17 @@ def test_frames_leave_no_reference_cycles(collector, device):
 
     for step in (lidar_step, depth_step):  # first frames outside: caches, lazily built tables
         step(0)
+    frame = 1
     for step in (lidar_step, depth_step):
-        found, types = _cycles_of(lambda i, s=step: s(i + 1), 3)
+        # Triton's compiler leaves cycles (thousands of objects per kernel variant; not a frame's work, and
+        # the warm-up does it before the first frame): windows in which something compiled do not count
+        for _ in range(5):
+            with _triton_compiles() as compiled:
+                found, types = _cycles_of(lambda i, s=step, f=frame: s(f + i), 3)
+            frame += 3
+            if not compiled:
+                break
+        assert not compiled, f"{step.__name__}: Triton still compiled {len(compiled)} kernels: {compiled[:4]}"
         assert found == 0, f"{step.__name__}: {found} objects in reference cycles: {types.most_common(8)}"
 
 
