@@ -37,7 +37,7 @@ import warnings
 
 import torch
 
-from mapper import Map, sim
+from mapper import Map, gc_policy, sim
 
 CASES = {
     "lidar_tsdf_10cm": ("lidar", 0.10, ("tsdf",)),
@@ -302,8 +302,17 @@ def bench_case(case: str, frames, args, dev: torch.device, compiles: CompileCoun
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
     m = make_map(case, dev)
+    gc_full_before = gc_full_after = None
+    gc.unfreeze()  # the map's warm-up (mapper.warmup) settled already: measure without, then per policy
+    if args.gc == "settle":  # what the warm-up does (mapper.gc_policy)
+        gc_full_before = gc_policy.full_collection_ms()  # one full collection of the whole heap
+        gc_policy.settle()
     c_before = compiles.n
+    live0 = len(gc.get_objects())  # objects the collector tracks, the frozen ones apart
     rows = run_sequence(m, kind, timed, dev, compiles)
+    live1 = len(gc.get_objects())
+    if args.gc == "settle":
+        gc_full_after = gc_policy.full_collection_ms()  # the frozen heap apart: what a frame would pay now
     prof = profile_frames(m, kind, extra[:n_prof], dev)
     syncs = count_syncs(m, kind, extra[n_prof:], dev)
     ms = [r["ms"] for r in rows]
@@ -321,6 +330,11 @@ def bench_case(case: str, frames, args, dev: torch.device, compiles: CompileCoun
         "malloc_frames": [r["frame"] for r in rows if r["reserved_growth_mb"] > 0],
         "gc_frames": [r["frame"] for r in rows if r["gc_full"]],
         "gc_max_ms": max((r["gc_ms"] for r in rows), default=0.0),
+        "gc_ms": summary([r["gc_ms"] for r in rows]),
+        "gc_total_ms": sum(r["gc_ms"] for r in rows),
+        "gc_full_ms_before_settle": gc_full_before,
+        "gc_full_ms_after": gc_full_after,
+        "gc_tracked": (live0, live1),
         "worst": worst,
         "top5": sorted(rows, key=lambda r: -r["ms"])[:5],
         "bricks": pool_state(m)[0],
@@ -348,7 +362,7 @@ def fmt_report(results: list[dict], args, dev: torch.device, argv: list[str]) ->
         f"- command: `python benchmarks/bench_frame.py {' '.join(argv)}`",
         f"- frames: LiDAR {args.lidar_frames} ({args.beams} beams x 1875), depth {args.depth_frames} "
         f"(640x480); warm-up {args.warmup} frames on a throwaway map; all frames of the fresh map kept "
-        "(growth included)",
+        f"(growth included); GC policy {args.gc}",
         "",
         "## Per frame (ms; x = ratio to the median; targets p99 <= 1.5x, max <= 3x)",
         "",
@@ -364,6 +378,22 @@ def fmt_report(results: list[dict], args, dev: torch.device, argv: list[str]) ->
             f"({w['compiles']} compiles, {w['new_pages']} pages, +{w['reserved_growth_mb']:.0f} MiB) | "
             f"{r['compiles_in_sequence']} ({_short(r['compile_frames'])}) | {_short(r['page_frames'])} | "
             f"{_short(r['malloc_frames'])} | {_short(r['gc_frames'])} ({r['gc_max_ms']:.1f}) |"
+        )
+    lines += [
+        "",
+        f"## Python GC per frame (policy `{args.gc}`: settle = full collection + gc.freeze() after the "
+        "warm-up, mapper.gc_policy)",
+        "",
+        "| case | GC ms median | p99 | max | total over the sequence | gen-2 collections "
+        "| one full collection before settle (ms) | after the sequence (ms) | tracked objects before / after "
+        "the sequence (frozen apart) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        g, b, a = r["gc_ms"], r["gc_full_ms_before_settle"], r["gc_full_ms_after"]
+        lines.append(
+            f"| {r['case']} | {g['median']:.3f} | {g['p99']:.3f} | {g['max']:.3f} | {r['gc_total_ms']:.1f} | "
+            f"{len(r['gc_frames'])} | {_ms(b)} | {_ms(a)} | {r['gc_tracked'][0]} / {r['gc_tracked'][1]} |"
         )
     lines += ["", "## Per stage (ms: median / p99 / max)", ""]
     for r in results:
@@ -416,6 +446,10 @@ def fmt_report(results: list[dict], args, dev: torch.device, argv: list[str]) ->
     return "\n".join(lines) + "\n"
 
 
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
 def _short(xs: list[int], n: int = 8) -> str:
     if not xs:
         return "-"
@@ -436,6 +470,12 @@ def main(argv=None):
     ap.add_argument("--beams", type=int, default=64, help="LiDAR beams (x 1875 azimuths)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--profile-frames", type=int, default=2)
+    ap.add_argument(
+        "--gc",
+        choices=("settle", "default"),
+        default="settle",
+        help="settle: gc_policy.settle() after the warm-up (the library's policy); default: leave it",
+    )
     ap.add_argument("--quick", action="store_true", help="small CPU run: 6 frames, 16 beams")
     ap.add_argument("--keep-frames", action="store_true", help="keep every frame's record in the JSON")
     ap.add_argument("--out", default=None, help="markdown report")

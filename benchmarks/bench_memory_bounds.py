@@ -26,7 +26,7 @@ import json, sys, threading, time
 import numpy as np, torch
 torch.set_num_threads(1)
 from mapper import Map
-from mapper import map as map_module
+from mapper import map_reads as map_module
 from mapper.budget import rss_bytes
 cells, chunked = int(sys.argv[1]), sys.argv[2] == "1"
 if not chunked:

@@ -127,3 +127,24 @@ def check_translation(name: str, t, limit_m: float, why: str) -> None:
         raise InvalidArgument(
             f"{name}: translation {worst:.6g} m from the origin exceeds {limit_m:.6g} m ({why})"
         )
+
+
+def positive(name: str, x, allow_none: bool = False) -> float | None:
+    """A finite number > 0 -> float (None passes when ``allow_none``); raises naming ``name`` otherwise."""
+    if x is None and allow_none:
+        return None
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise InvalidArgumentType(f"{name}: expected a number, got {type(x).__name__}")
+    if not math.isfinite(x) or x <= 0:
+        raise InvalidArgument(f"{name}: expected a finite value > 0, got {x}")
+    return float(x)
+
+
+def finite_vector(name: str, x, n: int, device: torch.device) -> torch.Tensor:
+    """``n`` finite numbers (a tensor, array or sequence) -> float64 ``[n]`` on ``device``."""
+    if x is None:
+        raise InvalidArgument(f"{name}: required")
+    t = as_tensor(name, x).to(torch.float64).reshape(-1)
+    if t.numel() != n or not bool(torch.isfinite(t).all()):
+        raise InvalidArgument(f"{name}: expected {n} finite numbers")
+    return t.to(device)

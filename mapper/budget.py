@@ -309,7 +309,7 @@ QUERY_POINT_BYTES = {"msgpack": 96, "json": 400}  # input points + outputs (dist
 MESH_VOXEL_BYTES = (
     16  # a mesh per TSDF voxel: 6 B measured on norlab scans (PLY, incl. the working set) x 2.5
 )
-READ_WORKING_BYTES = 64 << 20  # one query chunk's working set (``Map.QUERY_CHUNK`` points) and slack
+READ_WORKING_BYTES = 64 << 20  # one query chunk's working set (``map_reads.QUERY_CHUNK`` points) and slack
 
 
 def check_read(what: str, count: int, unit: str, per_item: int, limit_bytes: int, setting: str) -> None:

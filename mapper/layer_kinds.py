@@ -18,8 +18,32 @@ from __future__ import annotations
 
 import torch
 
+from .errors import InvalidArgument
 from .grid import IndexGrid
 from .layers import PAGE_BRICKS, BrickLayer, FieldSpec
+
+# The one registry of public layer names (``Map(layers=...)``, ``Map.layer(name)``): each with the layers it
+# needs (any one of them) and the phrase that says why. The stored kinds below answer the names in their
+# ``views``; the ESDF (derived, :mod:`mapper.integrators.esdf`) answers ``"esdf"``.
+LAYERS: dict[str, tuple[tuple[str, ...], str]] = {
+    "tsdf": ((), ""),
+    "color": (("tsdf",), ""),
+    "occupancy": ((), ""),
+    "esdf": (("tsdf", "occupancy"), " for its surface"),
+}
+
+
+def check_layers(layers) -> tuple[str, ...]:
+    """A layer name or names -> a tuple of known names whose needs are met; raises ``InvalidArgument``."""
+    layers = (layers,) if isinstance(layers, str) else tuple(layers)
+    for name in layers:
+        if name not in LAYERS:
+            raise InvalidArgument(f"layers: unknown layer {name!r}; expected some of {tuple(LAYERS)}")
+    for name in layers:
+        needs, why = LAYERS[name]
+        if needs and not set(needs) & set(layers):
+            raise InvalidArgument(f"layers: {name!r} needs {' or '.join(map(repr, needs))}{why}")
+    return layers
 
 
 class StoredLayer(BrickLayer):
@@ -157,6 +181,13 @@ class OccupancyLayer(StoredLayer):
         """Voxels with log-odds > 0."""
         g, d = self.view()
         return g, d["log_odds"] > 0
+
+
+def source_layers(layers: tuple[str, ...], device: torch.device, voxel_size_m: float):
+    """The stored source layers of a map with public ``layers``: (``TsdfLayer`` with colour when ``"color"``
+    is asked for, or None; ``OccupancyLayer`` or None) at ``voxel_size_m``."""
+    tsdf = TsdfLayer(device, voxel_size_m, with_color="color" in layers) if "tsdf" in layers else None
+    return tsdf, (OccupancyLayer(device, voxel_size_m) if "occupancy" in layers else None)
 
 
 class ObservedRecord(OccupancyLayer):

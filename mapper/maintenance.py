@@ -9,8 +9,12 @@ grid; partly changed bricks are touched (their mesh version moves) and queued.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from ._validation import positive
+from .errors import InvalidArgument
 from .integrators.base import BrickQueue
 from .layer_kinds import StoredLayer
 from .layers import brick_in_leaf, brick_local_coords, brick_offsets
@@ -31,6 +35,17 @@ def free_bricks(
         mask[leaf, brick_in_leaf(bricks[drop] << 2)] = True
         layer.release_bricks(mask)
     return n
+
+
+def check_decay(factor, threshold) -> tuple[float, float]:
+    """``Map.decay``'s arguments -> (factor in (0, 1], threshold >= 0); raises ``InvalidArgument``."""
+    f = positive("factor", factor)
+    if f > 1:
+        raise InvalidArgument(f"factor: expected a value in (0, 1], got {factor}")
+    th = float(threshold)
+    if not math.isfinite(th) or th < 0:
+        raise InvalidArgument(f"threshold: expected a finite value >= 0, got {threshold}")
+    return f, th
 
 
 def decay(stores: Stores, factor: float, threshold: float) -> dict[str, int]:

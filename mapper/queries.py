@@ -9,11 +9,13 @@ Voxel (i, j, k) has its centre at ((i, j, k) + 0.5) * s, so a point p interpolat
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from .errors import InvalidArgument
+from ._validation import finite_vector, positive
+from .errors import InvalidArgument, RequestTooLarge
 from .integrators.common import check_points
 from .kernels.dispatch import use_triton
 from .kernels.keys import COORD_LIMIT_VOX
@@ -207,6 +209,90 @@ def lattice_points(axes, xyz: tuple[int, int, int]):
         return torch.stack([axes[xyz[c]][ijk[xyz[c]]] for c in range(3)], dim=1)
 
     return points
+
+
+def chunked(fn, p, n: int | None = None, step: int = 1 << 15) -> tuple[torch.Tensor, ...]:
+    """``fn(points [m, 3]) -> tuple of [m, ...] tensors`` over ``step`` points at a time, into preallocated
+    outputs (a query costs its outputs plus one chunk's working set). ``p``: float64 ``[n, 3]`` points, or
+    a callable ``(start, end) -> points`` (then ``n`` is the count), so lattice queries never hold all
+    their points at once."""
+    if n is None:
+        n = p.shape[0]
+    points = p if callable(p) else (lambda a, b: p[a:b])
+    if n <= step:
+        return tuple(fn(points(0, n)))
+    outs = None
+    for a in range(0, n, step):
+        b = min(a + step, n)
+        part = fn(points(a, b))
+        if outs is None:
+            outs = tuple(torch.empty((n, *x.shape[1:]), dtype=x.dtype, device=x.device) for x in part)
+        for o, x in zip(outs, part, strict=True):
+            o[a:b] = x
+    return outs
+
+
+def esdf_slice(
+    distance,
+    bounds,
+    device,
+    step: int,
+    voxel_size_m: float,
+    z_m,
+    aabb_min_xy,
+    aabb_max_xy,
+    resolution_m,
+    max_pixels,
+) -> Slice:
+    """The ESDF on the plane ``z = z_m`` over ``[aabb_min_xy, aabb_max_xy]`` (default: ``bounds()``, the
+    ESDF's extent ``(min [3], max [3])``) at ``resolution_m`` (default: the ESDF voxel ``voxel_size_m``);
+    ``distance()``, called once the arguments are checked, gives the query ``points float64 [m, 3] ->
+    (distance, ...)``, run per chunk of ``step`` points. NaN = unknown. More than ``max_pixels`` samples
+    raise ``RequestTooLarge``."""
+    z = float(z_m)
+    if not math.isfinite(z):
+        raise InvalidArgument(f"z_m: expected a finite number, got {z_m}")
+    res = voxel_size_m if resolution_m is None else positive("resolution_m", resolution_m)
+    if aabb_min_xy is None or aabb_max_xy is None:
+        lo3, hi3 = bounds()
+    lo = finite_vector("aabb_min_xy", aabb_min_xy, 2, device) if aabb_min_xy is not None else lo3[:2]
+    hi = finite_vector("aabb_max_xy", aabb_max_xy, 2, device) if aabb_max_xy is not None else hi3[:2]
+    if bool((hi <= lo).any()):
+        raise InvalidArgument("aabb_max_xy: must exceed aabb_min_xy on both axes")
+    w = max(1, math.ceil(float(hi[0] - lo[0]) / res))
+    h = max(1, math.ceil(float(hi[1] - lo[1]) / res))
+    if w * h > max_pixels:
+        raise RequestTooLarge(
+            f"resolution_m: the slice would have {w}x{h} = {w * h} pixels (limit {max_pixels})"
+        )
+    xs = lo[0] + (torch.arange(w, device=device, dtype=torch.float64) + 0.5) * res
+    ys = lo[1] + (torch.arange(h, device=device, dtype=torch.float64) + 0.5) * res
+    zs = torch.full((1,), z, dtype=torch.float64, device=device)
+    query = distance()
+    (d,) = chunked(lambda q: query(q)[:1], lattice_points((ys, xs, zs), (1, 0, 2)), h * w, step)
+    return Slice(d.reshape(h, w), (float(lo[0]), float(lo[1])), res, z)
+
+
+def esdf_box(
+    distance, device, step: int, voxel_size_m: float, aabb_min, aabb_max, resolution_m, max_voxels
+) -> EsdfBox:
+    """Dense ESDF, its gradient and the observed mask on the box ``[aabb_min, aabb_max]`` (metres) at
+    ``resolution_m`` spacing (default: the ESDF voxel ``voxel_size_m``), like nvblox's EsdfAndGradients
+    service; ``distance`` and ``step`` as in :func:`esdf_slice`. More than ``max_voxels`` samples raise
+    ``RequestTooLarge``."""
+    lo = finite_vector("aabb_min", aabb_min, 3, device)
+    hi = finite_vector("aabb_max", aabb_max, 3, device)
+    if bool((hi <= lo).any()):
+        raise InvalidArgument("aabb_max: must exceed aabb_min on every axis")
+    res = voxel_size_m if resolution_m is None else positive("resolution_m", resolution_m)
+    n = [max(1, math.ceil(float(hi[a] - lo[a]) / res)) for a in range(3)]
+    if n[0] * n[1] * n[2] > max_voxels:
+        raise RequestTooLarge(
+            f"aabb_max: the box would have {n} = {n[0] * n[1] * n[2]} samples (limit {max_voxels})"
+        )
+    axes = [lo[a] + (torch.arange(n[a], device=device, dtype=torch.float64) + 0.5) * res for a in range(3)]
+    d, g, o = chunked(distance(), lattice_points(axes, (0, 1, 2)), n[0] * n[1] * n[2], step)
+    return EsdfBox(d.reshape(*n), g.reshape(*n, 3), o.reshape(*n), tuple(lo.tolist()), res)
 
 
 @dataclass

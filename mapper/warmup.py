@@ -30,6 +30,7 @@ import time
 
 import torch
 
+from . import gc_policy
 from .kernels.dispatch import use_triton
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ def warm_up(config: dict, device, *, force: bool = False, sizes: tuple[int, ...]
         config.get("voxel_size_m"),
         config.get("layers"),
     )
-    return dt
+    return dt + gc_policy.settle()  # the full collection here, not in a frame (see mapper.gc_policy)
 
 
 def _scene_points(s: float, dev, n_azimuth: int) -> tuple[torch.Tensor, torch.Tensor]:

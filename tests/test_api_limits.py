@@ -16,7 +16,7 @@ from test_api_errors import check_error
 from test_service_helpers import READ_TOKEN, TOKEN, client, frame_bytes, scan
 
 from mapper import Map, wire
-from mapper import map as map_module
+from mapper import map_reads as map_module
 from mapper.budget import (
     READ_WORKING_BYTES,
     esdf_site_domain,

@@ -911,6 +911,7 @@ class MapService:
                     await e.snapshot()
                 except Exception:
                     log.exception("map %s: periodic snapshot failed", e.id)
+            e = None  # not across the sleep: a deleted map would stay alive (its GPU memory) until then
 
     def quarantine_report(self, per_map: int = 10) -> dict[str, dict]:
         """Maps with quarantined WAL records: ``{id: {"count", "records": the newest per_map notes}}``."""

@@ -804,20 +804,25 @@ def squared_distances(
     sets: dict = {}
 
     def subset(name):
-        """Brick sets by name: "" = the domain, "W" = out_bricks, then grown along i / j / k (axis 0..2)."""
-        if name not in sets:
-            if name == "":
-                sets[name] = None
-            elif name == "W":
-                sets[name] = out_bricks
+        """Brick sets by name: "" = the domain, "W" = out_bricks, then grown along i / j / k (axis 0..2).
+        Prefixes first, in a loop: a recursive closure would be a reference cycle (function <-> its cell),
+        garbage for the cyclic collector after every update, with its tensors."""
+        for end in range(len(name) + 1):
+            key = name[:end]
+            if key in sets:
+                continue
+            if key == "":
+                sets[key] = None
+            elif key == "W":
+                sets[key] = out_bricks
             else:
-                base = subset(name[:-1])
+                base = sets[key[:-1]]
                 if base is None:
-                    sets[name] = None
+                    sets[key] = None
                 else:
-                    g = _grow_axis(base, rb, "ijk".index(name[-1])) if base.shape[0] else base
+                    g = _grow_axis(base, rb, "ijk".index(key[-1])) if base.shape[0] else base
                     g = g[_member(voxel_keys(g), keys)]
-                    sets[name] = None if g.shape[0] == nb else g
+                    sets[key] = None if g.shape[0] == nb else g
         return sets[name]
 
     def layout(axis, name=""):
