@@ -250,7 +250,7 @@ class Map:
         self._free_queue.compact()
 
     def integrate_lidar(
-        self, points_sensor, T_world_sensor=None, *, estimated: bool = False, track: bool = True
+        self, points_sensor, T_world_sensor=None, *, estimated: bool = False, track: bool = True, admit=None
     ) -> dict:
         """Fuse one LiDAR scan; without a pose, register it first (scan-to-map ICP, see :meth:`track_lidar`).
 
@@ -259,7 +259,10 @@ class Map:
             T_world_sensor: ``[4, 4]`` sensor-to-world transform (the sensor origin is its translation), or
                 None: the map estimates it against its local registration map.
             estimated, track: passed to :meth:`track_lidar` (``track=False`` skips it: the caller already
-                tracked this scan, as the service does before logging it; it then needs the pose).
+                tracked this scan; it then needs the pose).
+            admit: optional ``admit(T_world_sensor)`` (the pose to be used, float64 ``[4, 4]`` CPU), called
+                after tracking and before any layer changes; an exception it raises refuses the scan with the
+                layers untouched (the service's memory budget check of a scan it had no pose for).
         Returns: ``{"points_used", "points_dropped", "T_world_sensor"}`` with the pose used as a float64
             ``[4, 4]`` CPU tensor, plus ``"registration"`` (ICP statistics: ``iterations``, ``converged``,
             ``fitness``, ``rmse_m``, ...) when the pose was estimated here.
@@ -273,6 +276,8 @@ class Map:
         elif T_world_sensor is None:
             raise InvalidArgument("T_world_sensor: required when track=False")
         T_host = self.check_sensor_pose(T_world_sensor).clone()  # returned as is: no copy back
+        if admit is not None:
+            admit(T_host)
         T = T_host.to(self.device)
         r = torch.linalg.vector_norm(pts, dim=1)
         ok = torch.isfinite(pts).all(dim=1) & (r > 1e-6) & (r <= self.max_range_m)
