@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# H200 run of the s4-service work (issue 13 targets), <= 200 s, from the repository root with $OUT set:
+#   bash benchmarks/device_s4-service.sh
+# One CUDA server for every case (its warm-up compiles the 10 cm tsdf+esdf kernels once: ~50 s cold, which
+# cut every CUDA case of the s3 runs whose own server started inside its timeout), then bench_service.py
+# against it (--url), each case with its own timeout (never past TOTAL s from the start) and a short fixed
+# duration; each case prints its line to its .log as it ends and writes its .md, so a case cut by its
+# timeout loses only itself. Most important first:
+#   1. 4 robots over WebSocket (window 4), 10 cm tsdf+esdf, ESDF fresh in every ack's batch (eager)
+#   2. 16 robots, 10 cm tsdf+esdf, + distance queries (10 k points) + ESDF slices (1000 x 1000) back to back
+#   3. 4 robots, 10 cm tsdf+occupancy+esdf (its map creation compiles the occupancy kernels: last)
+# Triton's cache: the default one (kernels other scripts of the same device run compiled load from it).
+set -u
+OUT=${OUT:-/tmp/out}/s4-service
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+TOTAL=${S4_TOTAL:-195}
+DUR=${S4_DUR:-12}  # measured seconds per case
+SLACK=${S4_SLACK:-0}  # added to every case's time limit (a dry run on a slow CPU)
+T0=$(date +%s)
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null
+DATA=$(mktemp -d "${TMPDIR:-/tmp}/s4-service-data.XXXXXX")
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+URL="http://127.0.0.1:$PORT"
+MAPPER_DEVICE=${S4_DEVICE:-cuda} MAPPER_DATA_DIR="$DATA" MAPPER_PORT=$PORT MAPPER_HOST=127.0.0.1 \
+  MAPPER_LOG_LEVEL=warning MAPPER_SNAPSHOT_INTERVAL_S=0 MAPPER_ESDF_UPDATE=eager \
+  python3 -m mapper serve > "$OUT/server.log" 2>&1 &
+SERVER=$!
+cleanup() { kill "$SERVER" 2> /dev/null; sleep 2; kill -9 "$SERVER" 2> /dev/null; rm -rf "$DATA"; }
+trap cleanup EXIT
+# ready = the default configuration's warm-up done (at most 85 s)
+for _ in $(seq 425); do
+  curl -sf "$URL/readyz" > /dev/null 2>&1 && break
+  kill -0 "$SERVER" 2> /dev/null || break
+  sleep 0.2
+done
+echo "server ready after $(($(date +%s) - T0)) s" | tee "$OUT/times.txt"
+B="python3 benchmarks/bench_service.py --url $URL --distinct-frames 4 --cases ingest --transports ws --window 4"
+# (S4_DEVICE=cpu S4_DUR=3 S4_SLACK=60 S4_TOTAL=400 S4_ARGS="--points 2000 --voxel 0.3": a dry run of the
+# plumbing on a CPU)
+run() {  # name, timeout (s), bench arguments...
+  local name=$1 limit=$(($2 + SLACK)) left
+  shift 2
+  left=$((TOTAL - ($(date +%s) - T0)))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 10 ]; then
+    echo "$name: skipped (no time left)" | tee -a "$OUT/times.txt"
+    return
+  fi
+  timeout "$limit" $B "$@" --duration "$DUR" ${S4_ARGS:-} --out "$OUT/$name.md" > "$OUT/$name.log" 2>&1
+  echo "$name: rc $? at $(($(date +%s) - T0)) s (limit $limit s)" | tee -a "$OUT/times.txt"
+}
+run ws4_tsdf_esdf $((DUR + 16)) --voxel 0.1 --layers tsdf,esdf --clients 4 --warmup 4 --no-query-case
+run ws16_queries_slices $((DUR + 22)) --voxel 0.1 --layers tsdf,esdf --clients 16 --query-clients 16 \
+  --slice-cells 1000 --warmup 5 --no-ingest-matrix
+run ws4_tsdf_occ_esdf 60 --voxel 0.1 --layers tsdf,occupancy,esdf --clients 4 --warmup 5 --no-query-case
+curl -s "$URL/metrics" | grep -E "^mapper_(wal_fsync_seconds|group_commit_records|batch_frames|writer_turn_wait_seconds|publish_seconds|stage_seconds|integrate_seconds)_(sum|count)" \
+  > "$OUT/metrics.txt" 2>&1
+tail -n 4 "$OUT"/*.log
+echo "total $(($(date +%s) - T0)) s" | tee -a "$OUT/times.txt"
