@@ -30,12 +30,25 @@ MAPPER_DEVICE=${S4_DEVICE:-cuda} MAPPER_DATA_DIR="$DATA" MAPPER_PORT=$PORT MAPPE
 SERVER=$!
 cleanup() { kill "$SERVER" 2> /dev/null; sleep 2; kill -9 "$SERVER" 2> /dev/null; rm -rf "$DATA"; }
 trap cleanup EXIT
-# ready = the default configuration's warm-up done (at most 85 s)
-for _ in $(seq 425); do
-  curl -sf "$URL/readyz" > /dev/null 2>&1 && break
-  kill -0 "$SERVER" 2> /dev/null || break
-  sleep 0.2
-done
+# ready = the default configuration's warm-up done (at most 85 s); the server's process must stay up
+python3 - "$URL" "$SERVER" <<'PY' >> "$OUT/server.log" 2>&1
+import os, sys, time
+from mapper.client import MapperClient
+url, pid = sys.argv[1], int(sys.argv[2])
+deadline = time.monotonic() + 85
+with MapperClient(url, timeout=5) as c:
+    while time.monotonic() < deadline:
+        try:
+            if c.ready():
+                break
+        except Exception:
+            pass
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            sys.exit("server exited")
+        time.sleep(0.2)
+PY
 echo "server ready after $(($(date +%s) - T0)) s" | tee "$OUT/times.txt"
 B="python3 benchmarks/bench_service.py --url $URL --distinct-frames 4 --cases ingest --transports ws --window 4"
 # (S4_DEVICE=cpu S4_DUR=3 S4_SLACK=60 S4_TOTAL=400 S4_ARGS="--points 2000 --voxel 0.3": a dry run of the
@@ -56,7 +69,7 @@ run ws4_tsdf_esdf $((DUR + 16)) --voxel 0.1 --layers tsdf,esdf --clients 4 --war
 run ws16_queries_slices $((DUR + 22)) --voxel 0.1 --layers tsdf,esdf --clients 16 --query-clients 16 \
   --slice-cells 1000 --warmup 5 --no-ingest-matrix
 run ws4_tsdf_occ_esdf 60 --voxel 0.1 --layers tsdf,occupancy,esdf --clients 4 --warmup 5 --no-query-case
-curl -s "$URL/metrics" | grep -E "^mapper_(wal_fsync_seconds|group_commit_records|batch_frames|writer_turn_wait_seconds|publish_seconds|stage_seconds|integrate_seconds)_(sum|count)" \
+python3 -c "import sys, httpx; print(httpx.get(sys.argv[1] + '/metrics', timeout=10).text)" "$URL" | grep -E "^mapper_(wal_fsync_seconds|group_commit_records|batch_frames|writer_turn_wait_seconds|publish_seconds|stage_seconds|integrate_seconds)_(sum|count)" \
   > "$OUT/metrics.txt" 2>&1
 tail -n 4 "$OUT"/*.log
 echo "total $(($(date +%s) - T0)) s" | tee -a "$OUT/times.txt"
