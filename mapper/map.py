@@ -261,8 +261,9 @@ class Map:
             estimated, track: passed to :meth:`track_lidar` (``track=False`` skips it: the caller already
                 tracked this scan; it then needs the pose).
             admit: optional ``admit(T_world_sensor)`` (the pose to be used, float64 ``[4, 4]`` CPU), called
-                after tracking and before any layer changes; an exception it raises refuses the scan with the
-                layers untouched (the service's memory budget check of a scan it had no pose for).
+                before any layer changes (a scan without a pose: with the estimate, before the tracking state
+                takes the scan in); an exception it raises refuses the scan with the map as it was (the
+                service's memory budget check of a scan it had no pose for).
         Returns: ``{"points_used", "points_dropped", "T_world_sensor"}`` with the pose used as a float64
             ``[4, 4]`` CPU tensor, plus ``"registration"`` (ICP statistics: ``iterations``, ``converged``,
             ``fitness``, ``rmse_m``, ...) when the pose was estimated here.
@@ -270,13 +271,23 @@ class Map:
         pts = check_points("points_sensor", points_sensor, self.device)
         self._begin()
         info = None
+        accept = None
+        if track and T_world_sensor is None:  # the estimate is checked before the tracker takes the scan in
+
+            def accept(T):
+                self.check_sensor_pose(T)
+                if admit is not None:
+                    admit(T.clone())
+
         if track:
             with self._timer("registration"):
-                T_world_sensor, info = self.track_lidar(pts, T_world_sensor, estimated=estimated)
+                T_world_sensor, info = self.track_lidar(
+                    pts, T_world_sensor, estimated=estimated, accept=accept
+                )
         elif T_world_sensor is None:
             raise InvalidArgument("T_world_sensor: required when track=False")
         T_host = self.check_sensor_pose(T_world_sensor).clone()  # returned as is: no copy back
-        if admit is not None:
+        if admit is not None and accept is None:
             admit(T_host)
         T = T_host.to(self.device)
         r = torch.linalg.vector_norm(pts, dim=1)
@@ -295,7 +306,7 @@ class Map:
             out["registration"] = info
         return out
 
-    def track_lidar(self, points_sensor, T_world_sensor=None, *, estimated: bool = False):
+    def track_lidar(self, points_sensor, T_world_sensor=None, *, estimated: bool = False, accept=None):
         """The LiDAR tracking step of :meth:`integrate_lidar` alone (no layer changes).
 
         Without a pose, the scan is registered (KISS-ICP-style robust point-to-plane ICP, see
@@ -304,13 +315,14 @@ class Map:
         gets the identity (it defines the world frame), else tracking starts from the last posed scan.
         Once tracking runs, posed scans feed it too (mixed streams); before that only the last posed scan
         is kept. ``estimated=True``: ``T_world_sensor`` is a pose this map estimated for this scan before
-        (replaying a log), and the tracking state changes exactly as it did then.
+        (replaying a log), and the tracking state changes exactly as it did then. ``accept(T)``: see
+        ``LidarTracker.track`` (a check of the estimate before the tracking state changes).
 
         Returns: ``(T_world_sensor float64 [4, 4] on the CPU, ICP info dict or None)``.
         """
         pts = check_points("points_sensor", points_sensor, self.device)
         T = None if T_world_sensor is None else check_pose("T_world_sensor", T_world_sensor, _HOST)
-        return self._tracker.track(pts, T, estimated)
+        return self._tracker.track(pts, T, estimated, accept)
 
     def integrate_depth(self, depth_m, K, T_world_sensor, color=None) -> dict:
         """Fuse one depth image.
