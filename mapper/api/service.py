@@ -348,8 +348,9 @@ class MapEntry:
         2. batch of posed operations only (the common case): append their records to the WAL and start the
            fsync on the map's log thread, then integrate them meanwhile (``_apply``, the map's writer);
            a batch with a LiDAR frame without a pose: each operation in order, the pose-less scan tracked
-           and integrated in one call (``store.apply``; its budget check runs between the two, ``admit``)
-           and logged right after with the pose used; the fsync starts after the last one;
+           and integrated in one call (``store.apply``; its estimate's range and budget checks, ``admit``,
+           run before the tracker or a layer takes it in) and logged right after with the pose used; the
+           fsync starts after the last one;
         3. update the ESDF once (eager), overlapping the fsync too;
         4. wait for the fsync, then publish the new version (readers never see a frame that is not
            durable) and return the acks.
