@@ -260,10 +260,10 @@ class Map:
                 None: the map estimates it against its local registration map.
             estimated, track: passed to :meth:`track_lidar` (``track=False`` skips it: the caller already
                 tracked this scan; it then needs the pose).
-            admit: optional ``admit(T_world_sensor)`` (the pose to be used, float64 ``[4, 4]`` CPU), called
-                before any layer changes (a scan without a pose: with the estimate, before the tracking state
-                takes the scan in); an exception it raises refuses the scan with the map as it was (the
-                service's memory budget check of a scan it had no pose for).
+            admit: optional ``admit(T_world_sensor)`` (the pose to be used, the estimate for a scan without
+                one; float64 ``[4, 4]`` CPU), called before the tracking state or a layer takes the scan in;
+                an exception it raises refuses the scan with the map as it was (the service's memory budget
+                check of a scan it had no pose for).
         Returns: ``{"points_used", "points_dropped", "T_world_sensor"}`` with the pose used as a float64
             ``[4, 4]`` CPU tensor, plus ``"registration"`` (ICP statistics: ``iterations``, ``converged``,
             ``fitness``, ``rmse_m``, ...) when the pose was estimated here.
@@ -271,15 +271,13 @@ class Map:
         pts = check_points("points_sensor", points_sensor, self.device)
         self._begin()
         info = None
-        accept = None
-        if track and T_world_sensor is None:  # the estimate is checked before the tracker takes the scan in
+        if track:  # the pose (the estimate) is checked before the tracker takes the scan in
 
             def accept(T):
                 self.check_sensor_pose(T)
                 if admit is not None:
                     admit(T.clone())
 
-        if track:
             with self._timer("registration"):
                 T_world_sensor, info = self.track_lidar(
                     pts, T_world_sensor, estimated=estimated, accept=accept
@@ -287,7 +285,7 @@ class Map:
         elif T_world_sensor is None:
             raise InvalidArgument("T_world_sensor: required when track=False")
         T_host = self.check_sensor_pose(T_world_sensor).clone()  # returned as is: no copy back
-        if admit is not None and accept is None:
+        if admit is not None and not track:
             admit(T_host)
         T = T_host.to(self.device)
         r = torch.linalg.vector_norm(pts, dim=1)

@@ -301,3 +301,43 @@ def test_a_pose_less_frame_refused_after_tracking_leaves_the_map_and_the_log_alo
             replayed, *_ = recover_map(mdir, "cpu")
             _assert_same_map(live, replayed)
     assert logged == list(range(1, seq + 2))
+
+
+@pytest.mark.parametrize("posed", [False, True])
+def test_integrate_lidar_admit_refuses_with_the_map_unchanged(posed):
+    """The library contract the writer relies on: ``Map.integrate_lidar(admit=...)`` calls ``admit`` with the
+    pose to be used (the estimate for a scan without a pose) before anything changes; raising there leaves
+    the layers, the version and the tracking state as they were; accepting integrates as without it."""
+
+    class Refused(Exception):
+        pass
+
+    m = Map(VOXEL, layers=("tsdf",), device="cpu")
+    ref = Map(VOXEL, layers=("tsdf",), device="cpu")
+    for i in range(2):
+        pts, T = scan(i, N_POINTS)
+        m.integrate_lidar(pts, T if i == 0 else None)
+        ref.integrate_lidar(pts, T if i == 0 else None)
+    pts, T = scan(2, N_POINTS)
+    seen = []
+
+    def refuse(T_used):
+        seen.append(T_used.clone())
+        raise Refused
+
+    state, layers = _tracker_state(m), m.layer("tsdf")[1]["tsdf"].clone()
+    with pytest.raises(Refused):
+        m.integrate_lidar(pts, T if posed else None, admit=refuse)
+    assert len(seen) == 1 and seen[0].dtype == torch.float64 and seen[0].shape == (4, 4)
+    assert m.version == 2 and torch.equal(m.layer("tsdf")[1]["tsdf"], layers)
+    assert _same_state(_tracker_state(m), state)
+    res = m.integrate_lidar(pts, T if posed else None, admit=seen.append)  # accepted: as without admit
+    want = ref.integrate_lidar(pts, T if posed else None)
+    assert torch.equal(seen[-1], res["T_world_sensor"]) and torch.equal(
+        res["T_world_sensor"], want["T_world_sensor"]
+    )
+    if posed:
+        np.testing.assert_array_equal(seen[0].numpy(), T)
+    else:
+        assert torch.equal(seen[0], seen[-1])  # the same estimate, refused then accepted
+    _assert_same_map(m, ref)
