@@ -57,8 +57,9 @@ def _message(i: int, posed: bool, seed: int = 0) -> bytes:
 
 
 def _post_in_one_batch(c, mid, entry, messages: list[bytes]) -> list:
-    """POST ``messages`` so that the first is a batch of its own and the others queue behind it, in order,
-    into the next batch (the writer is held at its write gate meanwhile). Returns the responses in order."""
+    """POST ``messages`` so that the first (a posed frame) is a batch of its own and the others queue behind
+    it, in order, into the next batch (the writer is held at its write gate meanwhile). Returns the
+    responses in order."""
     out: list = [None] * len(messages)
 
     def post(k):
@@ -66,12 +67,12 @@ def _post_in_one_batch(c, mid, entry, messages: list[bytes]) -> list:
 
     threads = [threading.Thread(target=post, args=(k,)) for k in range(len(messages))]
     deadline = time.monotonic() + 60
+    seq = entry.last_seq
     with entry.write_gate:
         threads[0].start()
-        while entry.queue.qsize() or entry.in_flight < 1:  # the writer took it and waits at the gate
+        while entry.last_seq == seq:  # its batch is formed and logged (a posed frame: before the gate)
             assert time.monotonic() < deadline
             time.sleep(0.005)
-        time.sleep(0.05)
         for k, t in enumerate(threads[1:], 1):
             t.start()
             while entry.queue.qsize() < k:  # queued in this order
