@@ -367,6 +367,12 @@ def main(argv=None) -> None:
         action="store_false",
         help="ingest matrix only (no ingest + queries case)",
     )
+    ap.add_argument(
+        "--no-ingest-matrix",
+        dest="ingest_matrix",
+        action="store_false",
+        help="only the ingest + queries case (no plain ingest cases)",
+    )
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server started here")
     ap.add_argument("--query-clients", help="ingest clients of the query case (default: the largest count)")
     ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per case")
@@ -416,7 +422,7 @@ def main(argv=None) -> None:
             for k in range(nmax)
         ]
         cases = []
-        if "ingest" in todo:
+        if "ingest" in todo and args.ingest_matrix:
             # HTTP: one frame in flight per client (a POST waits for its ack); WebSocket: `window` in flight
             # (window 1 is the same closed loop as HTTP: the per-message cost of each transport)
             for n in counts:

@@ -275,13 +275,15 @@ def lidar_growth(m, points_sensor, T_world_sensor, room: float | None = None) ->
         room: bytes the caller can spare; a cheaper, looser bound is returned when it fits (see
             ``_rays_growth``). None: always the tightest bound.
     """
-    p = torch.as_tensor(points_sensor).detach().to("cpu", torch.float64)[:, :3]
+    p = torch.as_tensor(points_sensor).detach()[:, :3].to("cpu", torch.float64)  # [N, 3] contiguous
     T = torch.as_tensor(T_world_sensor).detach().to("cpu", torch.float64)
     r = torch.linalg.vector_norm(p, dim=1)
     ok = torch.isfinite(r) & (r > 1e-6) & (r <= m.max_range_m)  # a NaN/Inf coordinate makes r NaN/Inf
     if not bool(ok.all()):
         p, r = p[ok], r[ok]
-    ends = (T[:3, :3] @ p.T + T[:3, 3:]).T  # a view of [3, N] rows: the box reduces them without a copy
+    # a view of [3, N] rows (the box reduces them without a copy); addmm, not `R @ p.T + t`: the same
+    # values, ~5x less time on the CPU (the matmul of a [3, N] transposed view took a slow path)
+    ends = torch.addmm(T[:3, 3:], T[:3, :3], p.T).T
     band = m.tsdf_config.lidar_band_m  # longer than tau: the band reaches further at grazing incidence
     return _rays_growth(m, T[:3, 3], ends, r, room, band)
 

@@ -171,7 +171,7 @@ class Map(MapReads):
         self._free_queue.compact()
 
     def integrate_lidar(
-        self, points_sensor, T_world_sensor=None, *, estimated: bool = False, track: bool = True
+        self, points_sensor, T_world_sensor=None, *, estimated: bool = False, track: bool = True, admit=None
     ) -> dict:
         """Fuse one LiDAR scan; without a pose, register it first (scan-to-map ICP, see :meth:`track_lidar`).
 
@@ -180,7 +180,11 @@ class Map(MapReads):
             T_world_sensor: ``[4, 4]`` sensor-to-world transform (the sensor origin is its translation), or
                 None: the map estimates it against its local registration map.
             estimated, track: passed to :meth:`track_lidar` (``track=False`` skips it: the caller already
-                tracked this scan, as the service does before logging it; it then needs the pose).
+                tracked this scan; it then needs the pose).
+            admit: optional ``admit(T_world_sensor)`` (the pose to be used, the estimate for a scan without
+                one; float64 ``[4, 4]`` CPU), called before the tracking state or a layer takes the scan in;
+                an exception it raises refuses the scan with the map as it was (the service's memory budget
+                check of a scan it had no pose for).
         Returns: ``{"points_used", "points_dropped", "T_world_sensor"}`` with the pose used as a float64
             ``[4, 4]`` CPU tensor, plus ``"registration"`` (ICP statistics: ``iterations``, ``converged``,
             ``fitness``, ``rmse_m``, ...) when the pose was estimated here.
@@ -188,12 +192,22 @@ class Map(MapReads):
         pts = check_points("points_sensor", points_sensor, self.device)
         self._begin()
         info = None
-        if track:
+        if track:  # the pose (the estimate) is checked before the tracker takes the scan in
+
+            def accept(T):
+                self.check_sensor_pose(T)
+                if admit is not None:
+                    admit(T.clone())
+
             with self._timer("registration"):
-                T_world_sensor, info = self.track_lidar(pts, T_world_sensor, estimated=estimated)
+                T_world_sensor, info = self.track_lidar(
+                    pts, T_world_sensor, estimated=estimated, accept=accept
+                )
         elif T_world_sensor is None:
             raise InvalidArgument("T_world_sensor: required when track=False")
         T_host = self.check_sensor_pose(T_world_sensor).clone()  # returned as is: no copy back
+        if admit is not None and not track:
+            admit(T_host)
         T = T_host.to(self.device)
         r = torch.linalg.vector_norm(pts, dim=1)
         ok = torch.isfinite(pts).all(dim=1) & (r > 1e-6) & (r <= self.max_range_m)
@@ -211,7 +225,7 @@ class Map(MapReads):
             out["registration"] = info
         return out
 
-    def track_lidar(self, points_sensor, T_world_sensor=None, *, estimated: bool = False):
+    def track_lidar(self, points_sensor, T_world_sensor=None, *, estimated: bool = False, accept=None):
         """The LiDAR tracking step of :meth:`integrate_lidar` alone (no layer changes).
 
         Without a pose, the scan is registered (KISS-ICP-style robust point-to-plane ICP, see
@@ -220,13 +234,14 @@ class Map(MapReads):
         gets the identity (it defines the world frame), else tracking starts from the last posed scan.
         Once tracking runs, posed scans feed it too (mixed streams); before that only the last posed scan
         is kept. ``estimated=True``: ``T_world_sensor`` is a pose this map estimated for this scan before
-        (replaying a log), and the tracking state changes exactly as it did then.
+        (replaying a log), and the tracking state changes exactly as it did then. ``accept(T)``: see
+        ``LidarTracker.track`` (a check of the estimate before the tracking state changes).
 
         Returns: ``(T_world_sensor float64 [4, 4] on the CPU, ICP info dict or None)``.
         """
         pts = check_points("points_sensor", points_sensor, self.device)
         T = None if T_world_sensor is None else check_pose("T_world_sensor", T_world_sensor, _HOST)
-        return self._tracker.track(pts, T, estimated)
+        return self._tracker.track(pts, T, estimated, accept)
 
     def integrate_depth(self, depth_m, K, T_world_sensor, color=None) -> dict:
         """Fuse one depth image.

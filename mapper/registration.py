@@ -774,7 +774,9 @@ class Odometry:
                 return deskew(pts[ok], ts[ok], self.delta)
         return pts[ok]
 
-    def register_frame(self, points_sensor, timestamps=None, *, pose=None, estimated: bool = False):
+    def register_frame(
+        self, points_sensor, timestamps=None, *, pose=None, estimated: bool = False, accept=None
+    ):
         """Estimate the pose of one sweep and add it to the local map.
 
         Args:
@@ -785,6 +787,8 @@ class Odometry:
                 it; the adaptive threshold learns only from estimated poses.
             estimated: ``pose`` is one this odometry estimated for this sweep before (a replayed log): the
                 state then changes exactly as when it was estimated.
+            accept: optional ``accept(T_world_sensor)``, called with the pose before the state changes; an
+                exception it raises refuses the sweep and leaves the odometry as it was.
         Returns: ``T_world_sensor`` float64 ``[4, 4]`` on the CPU (poses stay on the host).
         """
         c = self.config
@@ -813,6 +817,8 @@ class Odometry:
         else:
             pose = check_pose("pose", pose, _HOST)
             self.last_info = {}
+        if accept is not None:  # nothing of the state has changed yet
+            accept(pose)
         # 4. how far the estimate is from the prediction feeds the threshold
         if estimated and not self.map.empty():
             self.threshold.update(torch.linalg.inv(prediction) @ pose)

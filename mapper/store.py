@@ -28,10 +28,12 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 UNLIMITED = wire.Limits(1 << 62, 1 << 62, 1 << 62, math.inf)  # replay: the log holds what was accepted
 
 
-def apply(m: Map, kind: str, args, track: bool = True) -> dict:
+def apply(m: Map, kind: str, args, track: bool = True, admit=None) -> dict:
     """Apply one logged operation to a map: the one place where an operation enters the map (the live
     writer and WAL replay share it). A frame enters once: ``Map.integrate_lidar`` (tracking included unless
-    ``track=False``: the writer tracked a pose-less scan before logging it) or ``Map.integrate_depth``.
+    ``track=False``) or ``Map.integrate_depth``. A LiDAR frame without a pose is tracked and integrated in
+    this one call; the writer then logs it with the pose used (``res["T_world_sensor"]``), which replay
+    reads back as ``pose_estimated``.
 
     Args:
         m: the map (its writer thread only).
@@ -39,11 +41,15 @@ def apply(m: Map, kind: str, args, track: bool = True) -> dict:
         args: a ``wire.LidarFrame`` / ``wire.DepthFrame`` (validated by ``wire.parse_frame``) or the
             operation's dict (``clear``: ``aabb_min``/``aabb_max``, ``decay``: ``factor``/``threshold``,
             ``clear_outside``: ``center_m``/``radius_m``).
+        admit: LiDAR frames: passed to ``Map.integrate_lidar`` (called with the pose after tracking, before
+            any layer changes; raising refuses the frame).
     Returns: the map method's result dict."""
     if kind == "frame":
         f = args
         if isinstance(f, wire.LidarFrame):
-            return m.integrate_lidar(f.points, f.T_world_sensor, estimated=f.pose_estimated, track=track)
+            return m.integrate_lidar(
+                f.points, f.T_world_sensor, estimated=f.pose_estimated, track=track, admit=admit
+            )
         return m.integrate_depth(f.depth_m, f.K, f.T_world_sensor, color=f.color)
     if kind == "clear":
         return m.clear(args.get("aabb_min"), args.get("aabb_max"))
@@ -56,7 +62,8 @@ def apply(m: Map, kind: str, args, track: bool = True) -> dict:
 
 def encode_record(kind: str, args) -> bytes:
     """The WAL payload of an operation (msgpack; format in ``mapper.persistence``). Built once per
-    operation: before queueing for a posed frame, after tracking for a LiDAR frame without a pose."""
+    operation: before queueing for a posed frame; for a LiDAR frame without a pose, after ``apply`` tracked
+    and integrated it (the frame then carries the pose used, ``pose_estimated``)."""
     if kind == "frame":
         rec = {"op": "frame", "frame": wire.frame_to_wire(args)}
         if getattr(args, "pose_estimated", False):

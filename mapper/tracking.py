@@ -31,26 +31,45 @@ class LidarTracker:
         self.last_posed: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
 
     def track(
-        self, points_sensor: torch.Tensor, T_world_sensor: torch.Tensor | None, estimated: bool = False
+        self,
+        points_sensor: torch.Tensor,
+        T_world_sensor: torch.Tensor | None,
+        estimated: bool = False,
+        accept=None,
     ) -> tuple[torch.Tensor | None, dict | None]:
         """One scan (float32 ``[N, 3]`` on the device; its float64 ``[4, 4]`` CPU pose or None).
 
         The first pose-less scan of a tracker that has seen no posed scan gets the identity (it defines the
         world frame), else tracking starts from the last posed scan; once tracking runs, posed scans feed it
         too (mixed streams). ``estimated=True``: the pose is one this tracker estimated for this scan before
-        (replaying a log), and the state changes exactly as it did then.
+        (replaying a log), and the state changes exactly as it did then. ``accept``: ``accept(T)`` is called
+        with the pose (the estimate for a scan without one) before the state changes; an exception it raises
+        refuses the scan and leaves the tracker as it was (tracking not started by it either).
 
         Returns: (the pose, float64 ``[4, 4]`` CPU, or None while tracking is off and none was given; the
         ICP statistics when the pose was estimated here, else None).
         """
+        before = (self.odometry, self.last_posed)
         if T_world_sensor is None or estimated:
             self.start()
         odo = self.odometry
         if odo is None:  # tracking is off: remember the last posed scan to seed it
+            if accept is not None:
+                accept(T_world_sensor)
             prev = None if self.last_posed is None else self.last_posed[1]
             self.last_posed = (points_sensor.clone(), T_world_sensor, prev)
             return T_world_sensor, None
-        pose = odo.register_frame(points_sensor, pose=T_world_sensor, estimated=estimated)
+        try:
+            pose = odo.register_frame(
+                points_sensor,
+                pose=T_world_sensor,
+                estimated=estimated,
+                accept=accept,
+            )
+        except BaseException:
+            if before[0] is None:  # the scan that started tracking was refused: tracking stays off
+                self.odometry, self.last_posed = before
+            raise
         return pose, (dict(odo.last_info) if T_world_sensor is None else None)
 
     def start(self) -> None:

@@ -16,6 +16,7 @@ from test_service_helpers import MSGPACK_HEADERS, Server, client, scan
 from mapper import Map, wire
 from mapper.client import MapperClient, decode_arrays
 from mapper.persistence import DataDir, load_snapshot_file
+from mapper.store import recover_map
 
 VOXEL = 0.25
 N_POINTS = 800
@@ -111,7 +112,8 @@ def test_read_during_a_long_batch_returns_the_previous_version(tmp_path, device)
 
 def test_concurrent_writers_and_readers_equal_a_sequential_replay(tmp_path):
     """4 writers and 4 readers on 2 maps for a bounded time: no error, versions never go back (each reader
-    and after each writer's ack), and each map equals a replay of its acknowledged frames in seq order."""
+    and after each writer's ack), and each map equals a replay of its acknowledged frames in seq order
+    (built here) and the replay of its WAL (``recover_map``)."""
     duration = 8.0
     with client(tmp_path, max_batch=4) as c:
         mids = [
@@ -179,6 +181,11 @@ def test_concurrent_writers_and_readers_equal_a_sequential_replay(tmp_path):
             assert torch.equal(a["tsdf"], b["tsdf"]) and torch.equal(a["weight"], b["weight"])
             # the ESDF, updated once per batch, equals one computed after all the frames
             np.testing.assert_allclose(_dist_of(view), _dist_of(ref), rtol=0, atol=1e-5)
+            # and the log replayed as a restart would (snapshot-less: every record) builds the same map
+            replayed, *_ = recover_map(DataDir(tmp_path / "data").map_dir(mid), "cpu")
+            g3, r = replayed.layer("tsdf")
+            assert replayed.version == view.version and torch.equal(g3.ijk, g1.ijk)
+            assert torch.equal(r["tsdf"], a["tsdf"]) and torch.equal(r["weight"], a["weight"])
         print(f"{sum(len(v) for v in acked.values())} frames acked, {reads[0]} reads in {duration:.0f} s")
 
 

@@ -139,6 +139,50 @@ def test_nan_rows_are_no_returns():
     assert f.points.shape == (10, 3)
 
 
+def _points_oracle(xyz: np.ndarray) -> str | None:
+    """What the frame checks say about points ``[N, 3]`` (element by element, no library code): the error's
+    keyword, or None when they are accepted."""
+    if any(v in (np.inf, -np.inf) for v in xyz.reshape(-1).tolist()):
+        return "Inf"
+    if not any(all(np.isfinite(v) for v in row) for row in xyz.tolist()):
+        return "finite"
+    return None
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["plain", "huge", "huge64", "one_inf", "minus_inf_and_nan", "nan_rows", "all_nan", "inf_intensity"],
+)
+def test_points_checks_against_an_oracle(case):
+    """The one-pass check (a sum of the coordinates is finite) and the per-value checks it falls back to
+    agree with an element-wise oracle, including coordinates whose float32 sum overflows to Inf."""
+    rng = np.random.default_rng(3)
+    pts = rng.normal(size=(50, 4)).astype(np.float32) * 5
+    if case == "huge":
+        pts[:, :3] = 3e38  # finite, but their float32 sum is Inf: accepted
+    elif case == "huge64":
+        pts = pts.astype(np.float64)
+        pts[:, :3] = 1.7e308
+    elif case == "one_inf":
+        pts[17, 1] = np.inf
+    elif case == "minus_inf_and_nan":
+        pts[3, 0], pts[4, 2] = np.nan, -np.inf
+    elif case == "nan_rows":
+        pts[::2, 1] = np.nan  # rows with a NaN are no returns; the others are finite
+    elif case == "all_nan":
+        pts[:, 2] = np.nan
+    elif case == "inf_intensity":
+        pts[:, 3] = np.inf  # only x, y, z are checked
+    want = _points_oracle(pts[:, :3])
+    msg = wire.lidar_message(pts, np.eye(4))
+    if want is None:
+        f = wire.parse_frame(msg)
+        np.testing.assert_array_equal(f.points, pts)
+    else:
+        with pytest.raises(InvalidArgument, match=want):
+            wire.parse_frame(msg)
+
+
 def test_limits():
     lim = wire.Limits(max_points=5, max_pixels=10)
     with pytest.raises(wire.TooLarge, match="limit"):

@@ -142,6 +142,11 @@ class Metrics:
             "Requests refused before allocating: budget=map|process (507), request (413)",
             ["budget"],
         )
+        self.map_reloads = per_map(
+            Counter,
+            "mapper_map_reloads",
+            "Maps reloaded from their directory after a WAL failure (the live map = its replay)",
+        )
         self.keep_radius = per_map(Gauge, "mapper_keep_radius_m", "A map's keep radius (radius policy)")
         self.radius_cleared = per_map(
             Counter, "mapper_radius_cleared_bricks", "Bricks freed by a map's radius policy"

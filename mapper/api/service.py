@@ -10,11 +10,13 @@ Concurrency model:
 * Each map has one **writer**: a single-thread executor that owns every mutation of the map (frames,
   clear, decay, ESDF updates, snapshot captures); on CUDA it runs on the map's own stream. An asyncio task
   feeds it batches from the map's bounded queue: take a **turn** (``FairTurns``: ``MAPPER_WRITER_SLOTS``
-  writers at once, first come first served, so maps share the device round-robin, one batch each), track
-  the batch's pose-less LiDAR frames (their records get the estimated pose), append the records to the WAL,
-  fsync once (group commit), integrate them, update the ESDF once, **publish** a read view of the result
+  writers at once, first come first served, so maps share the device round-robin, one batch each),
+  append the records to the WAL and fsync them once (group commit) on the map's log thread while the
+  writer integrates them (a LiDAR frame without a pose is tracked and integrated in one call, then logged
+  with the pose used), update the ESDF once, wait for the fsync, **publish** a read view of the result
   (``Map.read_view``: copy-on-write, it shares the pages the next batches do not touch), give the turn
-  back, then resolve the callers' futures (the acks).
+  back, then resolve the callers' futures (the acks). A WAL failure reloads the map from its directory
+  (``MapEntry._wal_failed``): the live map never holds what its replay would not.
 * **Reads never wait for writes.** Queries, slices, boxes, meshes and stats run on a shared thread pool on
   the last published view (``MapEntry.view``), with no lock: a read that starts during a batch answers
   for the version before it. Every read reports the ``map_version`` it read; versions of a map only grow,
@@ -53,7 +55,7 @@ from ..errors import (
     OutOfDeviceMemory,
 )
 from ..map import Map
-from ..persistence import MapDir, Snapshot, load_snapshot_bytes
+from ..persistence import MapDir, Snapshot, WalWriter, load_snapshot_bytes
 from ..settings import Settings
 from ..store import check_name, new_map_id, recover_map
 from ..store_backends import open_store
@@ -81,14 +83,13 @@ class Op:
 
     kind: str  # one of store.DURABLE_OPS
     args: Any  # a wire.Frame or the operation's dict
-    record: bytes | None  # the WAL payload (None until a pose-less LiDAR frame is tracked)
+    record: bytes | None  # the WAL payload (None until a pose-less LiDAR frame is tracked and integrated)
     future: asyncio.Future
     t0: float = field(default_factory=time.perf_counter)
     seq: int = 0
-    error: BaseException | None = None  # failed before logging (tracking): never written to the WAL
+    error: BaseException | None = None  # refused before logging (budget): never written to the WAL
     registration: dict | None = None  # ICP statistics of a frame whose pose the map estimated
     growth: Any = None  # mapper.budget.Growth computed before queueing (MapEntry.prepare), or None
-    tracked: bool = False  # the writer tracked this LiDAR frame before logging it
 
 
 _STOP = object()
@@ -163,6 +164,11 @@ class MapEntry:
             initargs=(self.settings.writer_nice, self.stream),
         )
         self.wal = mdir.open_wal(last_seq + 1)
+        # the map's log thread: the batch's fsync runs there while the writer integrates (group commit)
+        self.log_executor = ThreadPoolExecutor(1, thread_name_prefix=f"wal-{self.id}")
+        self.broken: str | None = None  # set when the WAL failed and the map could not be reloaded
+        self._reserved = 0  # bytes of growth admitted in the writer's current batch
+        self._applied = False  # the writer's current batch has entered the map
         self.wal_bytes_since_snapshot = 0
         self.snap_lock = asyncio.Lock()
         self.closed = False
@@ -238,6 +244,8 @@ class MapEntry:
     def _future(self) -> asyncio.Future:
         if self.closed:
             raise NotFound(f"map {self.id!r} is being deleted or the service is stopping")
+        if self.broken is not None:
+            raise Unavailable(f"map {self.id!r}: {self.broken}; it serves reads until the service restarts")
         return asyncio.get_running_loop().create_future()
 
     async def _queue(self, op: Op, wait: bool) -> asyncio.Future:
@@ -334,102 +342,69 @@ class MapEntry:
         return budget.READ_WORKING_BYTES + (budget.esdf_update_bytes(self.map) if eager else 0)
 
     # ------------------------------------------------------------------------------- writer thread
-    def _track(self, batch: list[Op]) -> None:
-        """Writer thread, before logging: the LiDAR tracking step of every LiDAR frame, in order. A frame
-        without a pose gets the map's estimate, and its record is re-encoded with it, so that the log
-        replays the same map (and tracking state) without registering again. A frame that fails here is not
-        logged. (If the WAL append then fails, the tracking state has seen frames the log has not: the
-        batch is reported failed, and a restart replays the log, which is self-consistent.)
-
-        No map lock: only this thread touches the tracking state (snapshot captures run here too), and
-        queries never read it.
-
-        Only a batch with a pose-less scan needs this pass (over its LiDAR frames up to the last pose-less
-        one, in order, so that each estimate sees the scans before it); every other frame is tracked by
-        ``Map.integrate_lidar`` itself: the map is entered once per posed frame."""
-        last = max((i for i, op in enumerate(batch) if _needs_pose(op)), default=-1)
-        for op in batch[: last + 1]:
-            f = op.args
-            if op.kind != "frame" or not isinstance(f, wire.LidarFrame):
-                continue
-            op.tracked = True
-            t = time.perf_counter()
-            try:
-                T, info = self.map.track_lidar(f.points, f.T_world_sensor)
-            except Exception as e:  # reported in the op's place; a MapperError is the client's
-                if not isinstance(e, MapperError):
-                    log.exception("map %s: tracking failed", self.id)
-                op.error = e
-                continue
-            if f.T_world_sensor is None:
-                self.metrics.stage.labels("registration").observe(time.perf_counter() - t)
-                try:
-                    self.map.check_sensor_pose(T)  # an estimate that left the map's range is not logged
-                except MapperError as e:
-                    op.error = e
-                    continue
-                f.T_world_sensor = T.cpu().numpy().copy()
-                f.pose_estimated = True
-                op.registration = info
-                op.record = store.encode_record("frame", f)  # built once: the frame came without a pose
-
-    def _admit(self, batch: list[Op]) -> None:
-        """Writer thread, before logging: refuse (``InsufficientStorage``, HTTP 507) every frame whose
-        projected growth (``mapper.budget``: an upper bound on the bricks its rays can allocate in each
-        layer and on the ESDF domain and update it can cause) would take the map past its budget or all
-        maps past the process budget. A refused frame is never written to the log, so it cannot reach
-        replay; the map is untouched."""
-        others = sum(e.bytes for e in list(self.service.maps.values()) if e is not self)
-        reserved = 0
-        for op in batch:
-            if op.error is not None or op.kind != "frame":
-                continue
-            f = op.args
-            room = min(self.budget - self.bytes, self.service.memory_budget - others - self.bytes) - reserved
-            g = op.growth  # computed before queueing (bound()); recomputed here when it does not fit
-            if g is None or g.bytes + g.transient > room:
-                try:
-                    if isinstance(f, wire.LidarFrame):
-                        g = budget.lidar_growth(self.map, f.points, f.T_world_sensor, room)
-                    else:
-                        g = budget.depth_growth(self.map, f.depth_m, f.K, f.T_world_sensor, room)
-                except MapperError as e:
-                    op.error = e
-                    continue
-            need = self.bytes + reserved + g.bytes + g.transient
-            which = None
-            if need > self.budget:
-                which, limit, used = "map", self.budget, self.bytes + reserved
-            elif others + need > self.service.memory_budget:
-                which, limit, used = "process", self.service.memory_budget, others + self.bytes + reserved
-            if which is None:
-                reserved += g.bytes
-                continue
-            self.metrics.budget_refusals.labels(self.id, which).inc()
-            name = "the map's memory budget" if which == "map" else "the memory budget of all maps"
-            op.error = InsufficientStorage(
-                f"frame refused: it could add {g.describe()} to {budget.fmt_bytes(used)} in use, over "
-                f"{name} of {limit} bytes ({budget.fmt_bytes(limit)}); the map is unchanged"
-                + (" (memory_budget_bytes)" if which == "map" else " (MAPPER_MEMORY_BUDGET_BYTES)")
-            )
-
     def _process(self, batch: list[Op]) -> list:
-        self._track(batch)
+        """Writer thread: one batch, in queue order. Group commit overlapped with integration:
+
+        1. admit the posed frames (``_admit``: memory budgets; a refused frame is never logged);
+        2. batch of posed operations only (the common case): append their records to the WAL and start the
+           fsync on the map's log thread, then integrate them meanwhile (``_apply``, the map's writer);
+           a batch with a LiDAR frame without a pose: each operation in order, the pose-less scan tracked
+           and integrated in one call (``store.apply``; its estimate's range and budget checks, ``admit``,
+           run before the tracker or a layer takes it in) and logged right after with the pose used; the
+           fsync starts after the last one;
+        3. update the ESDF once (eager), overlapping the fsync too;
+        4. wait for the fsync, then publish the new version (readers never see a frame that is not
+           durable) and return the acks.
+
+        An ack still means the frame is in the fsync'd WAL. If appending or syncing fails, the live map may
+        hold frames the log does not: ``_wal_failed`` drops the batch's records from the log (none was
+        acknowledged) and reloads the map from its directory (snapshot + WAL, what a restart would build),
+        so the live map never diverges from its replay; if that fails too, the map stops taking writes
+        (``broken``, 503) and keeps serving its last published version."""
         self._admit(batch)
-        t = time.perf_counter()
-        for op in batch:
-            if op.error is not None:
-                continue
-            self.last_seq += 1
-            op.seq = self.last_seq
-            self.wal.append(op.seq, op.record)
-            self.wal_bytes_since_snapshot += len(op.record)
-        self.wal.sync()
-        self.metrics.wal_sync.observe(time.perf_counter() - t)
-        self.metrics.group_commit.observe(sum(op.error is None for op in batch))
-        self.metrics.batch.observe(len(batch))
-        with self.write_gate:
-            results = self._integrate(batch)
+        seq0, size0 = self.last_seq, self.wal.size
+        pose_less = any(_needs_pose(op) for op in batch)
+        self._applied = False
+        sync = None
+        try:
+            if not pose_less:
+                self._log(batch)
+                sync = self.log_executor.submit(self._sync, batch)
+            with self.write_gate:
+                results = []
+                for op in batch:
+                    if op.error is not None:
+                        results.append(op.error)
+                        continue
+                    if pose_less and op.record is not None:
+                        self._log([op])  # the log's order is the map's: after the scans before it
+                    results.append(self._apply_one(op))
+                    if pose_less and op.record is None and not isinstance(results[-1], BaseException):
+                        op.record = store.encode_record("frame", op.args)  # with the pose used
+                        self._log([op])
+                        results[-1]["seq"] = op.seq
+                if pose_less:
+                    sync = self.log_executor.submit(self._sync, batch)
+                if "esdf" in self.map.layers:
+                    self.esdf_dirty = True
+                    if self.settings.esdf_update == "eager":  # once per batch, before the acks
+                        try:
+                            self._update_esdf()
+                        except Exception:  # the frames are in; the next update retries the region
+                            log.exception("map %s: ESDF update failed", self.id)
+                sync.result()  # durable: now the version may be published and the frames acknowledged
+                self._publish()
+        except BaseException as e:
+            if sync is not None:
+                with contextlib.suppress(BaseException):
+                    sync.result()
+            self._wal_failed(seq0, size0)
+            if isinstance(e, Exception):
+                raise Unavailable(
+                    f"map {self.id!r}: the write-ahead log failed ({type(e).__name__}: {e}); nothing of this "
+                    "batch was stored or acknowledged; retry"
+                ) from e
+            raise
         self.bytes = self.map.nbytes
         self.metrics.map_memory.labels(self.id).set(self.bytes)
         self.metrics.map_device_memory.labels(self.id, str(self.map.device)).set(self.bytes)
@@ -440,49 +415,142 @@ class MapEntry:
         self.ack_ms = (time.perf_counter() - batch[-1].t0) * 1e3  # the viewer's "ack latency"
         return results
 
-    def _integrate(self, batch: list[Op]) -> list:
-        """Writer thread, after the batch is durable: apply its operations to the map, update the ESDF once,
-        publish the new version. Readers are on the previous version meanwhile (no lock)."""
-        results = []
-        for op in batch:
-            if op.error is not None:
-                results.append(op.error)
+    def _log(self, ops: list[Op]) -> None:
+        """Writer thread: append the records of ``ops`` (not refused) to the WAL under new seqs."""
+        for op in ops:
+            if op.error is not None or op.record is None:
                 continue
-            try:
-                res = self._apply(op)
-                res["map_version"] = self.map.version
-                results.append(res)
-            except MapperError as e:
-                results.append(e)
-            except torch.OutOfMemoryError:
-                log.warning("map %s: op %d (%s) ran out of device memory", self.id, op.seq, op.kind)
-                _release_cached()
-                results.append(
-                    OutOfDeviceMemory(
-                        f"map {self.id!r}: out of device memory integrating op {op.seq}; the map keeps "
-                        "serving its earlier state (the frame may be partly integrated); retry later"
-                    )
-                )
-            except Exception as e:  # a library bug: keep serving, report it as an internal error
-                log.exception("map %s: op %d (%s) failed", self.id, op.seq, op.kind)
-                results.append(e)
-        if "esdf" in self.map.layers:
-            self.esdf_dirty = True
-            if self.settings.esdf_update == "eager":  # once per batch, before the acks
-                try:
+            self.last_seq += 1
+            op.seq = self.last_seq
+            self.wal.append(op.seq, op.record)
+            self.wal_bytes_since_snapshot += len(op.record)
+
+    def _sync(self, batch: list[Op]) -> None:
+        """The map's log thread: one fsync for the batch's records (group commit), while the writer
+        integrates them."""
+        t = time.perf_counter()
+        self.wal.sync()
+        self.metrics.wal_sync.observe(time.perf_counter() - t)
+        self.metrics.group_commit.observe(sum(op.seq > 0 for op in batch))
+        self.metrics.batch.observe(len(batch))
+
+    def _wal_failed(self, seq0: int, size0: int) -> None:
+        """Writer thread, after the WAL failed inside a batch (nothing of it was acknowledged): cut the
+        batch's records off the log (its segment back to ``size0`` bytes, seqs back to ``seq0``), and if
+        the batch entered the map, reload the map from its directory (snapshot + WAL: what a restart would
+        build), so that the live map equals its replay. A failure here leaves the map ``broken``: it
+        refuses writes (503) and serves its last published version until the service restarts."""
+        log.error("map %s: WAL failed; dropping the batch's records and reloading the map", self.id)
+        try:
+            if isinstance(self.wal, WalWriter):
+                with contextlib.suppress(Exception):
+                    self.wal.close()
+                with contextlib.suppress(Exception):  # close() stops at a failed flush: close the file
+                    self.wal._f.close()  # anyway (else its buffer could reach the file after the cut)
+                path = self.wal.path
+                with open(path, "r+b") as f:
+                    f.truncate(size0)
+                    f.flush()
+                    os.fsync(f.fileno())
+                self.wal = WalWriter(path, self.wal.fsync)  # appends go on after the cut
+            else:  # an object store's WAL: a failed PUT already dropped the batch's records
+                self.wal = self.dir.open_wal(seq0 + 1)
+            self.last_seq = seq0
+            if self._applied:
+                m, _, _, last, _ = recover_map(self.dir, self.map.device)
+                if last != seq0:
+                    raise RuntimeError(f"the reloaded log ends at seq {last}, not {seq0}")
+                m.version = max(m.version, self.view.version)  # versions never go back
+                self.map = m
+                self.bytes = m.nbytes
+                if "esdf" in m.layers and self.settings.esdf_update == "eager":
                     self._update_esdf()
-                except Exception:  # the frames are in; the next update retries the region
-                    log.exception("map %s: ESDF update failed", self.id)
-        self._publish()
-        return results
+                self._publish()
+                self.metrics.map_reloads.labels(self.id).inc()
+        except Exception as e:
+            self.broken = f"the write-ahead log failed and the map could not be reloaded ({e})"
+            log.exception("map %s: %s; writes are refused until a restart", self.id, self.broken)
+
+    def _admit(self, batch: list[Op]) -> None:
+        """Writer thread, before logging: refuse (``InsufficientStorage``, HTTP 507) every posed frame whose
+        projected growth (``mapper.budget``: an upper bound on the bricks its rays can allocate in each
+        layer and on the ESDF domain and update it can cause) would take the map past its budget or all
+        maps past the process budget. A refused frame is never written to the log, so it cannot reach
+        replay; the map is untouched. A LiDAR frame without a pose is checked the same way once tracked
+        (``_admit_frame`` as ``Map.integrate_lidar``'s ``admit``), before it changes a layer."""
+        self._reserved = 0  # bytes admitted in this batch so far
+        for op in batch:
+            if op.error is None and op.kind == "frame" and op.args.T_world_sensor is not None:
+                try:
+                    self._admit_frame(op.args, op.args.T_world_sensor, op.growth)
+                except MapperError as e:
+                    op.error = e
+
+    def _admit_frame(self, f, T_world_sensor, g: budget.Growth | None = None) -> None:
+        """Reserve the growth bound of frame ``f`` at pose ``T_world_sensor`` in this batch, or raise
+        ``InsufficientStorage``. ``g``: the bound computed before queueing (``bound``), recomputed here
+        (on the writer's map, the finer bound) when it is None or does not fit."""
+        others = sum(e.bytes for e in list(self.service.maps.values()) if e is not self)
+        reserved = self._reserved
+        room = min(self.budget - self.bytes, self.service.memory_budget - others - self.bytes) - reserved
+        if g is None or g.bytes + g.transient > room:
+            if isinstance(f, wire.LidarFrame):
+                g = budget.lidar_growth(self.map, f.points, T_world_sensor, room)
+            else:
+                g = budget.depth_growth(self.map, f.depth_m, f.K, T_world_sensor, room)
+        need = self.bytes + reserved + g.bytes + g.transient
+        which = None
+        if need > self.budget:
+            which, limit, used = "map", self.budget, self.bytes + reserved
+        elif others + need > self.service.memory_budget:
+            which, limit, used = "process", self.service.memory_budget, others + self.bytes + reserved
+        if which is None:
+            self._reserved += g.bytes
+            return
+        self.metrics.budget_refusals.labels(self.id, which).inc()
+        name = "the map's memory budget" if which == "map" else "the memory budget of all maps"
+        raise InsufficientStorage(
+            f"frame refused: it could add {g.describe()} to {budget.fmt_bytes(used)} in use, over "
+            f"{name} of {limit} bytes ({budget.fmt_bytes(limit)}); the map is unchanged"
+            + (" (memory_budget_bytes)" if which == "map" else " (MAPPER_MEMORY_BUDGET_BYTES)")
+        )
+
+    def _apply_one(self, op: Op):
+        """``_apply(op)`` with its failure as the op's result (the batch goes on)."""
+        self._applied = True
+        try:
+            res = self._apply(op)
+            res["map_version"] = self.map.version
+            return res
+        except MapperError as e:
+            return e
+        except torch.OutOfMemoryError:
+            log.warning("map %s: op %d (%s) ran out of device memory", self.id, op.seq, op.kind)
+            _release_cached()
+            return OutOfDeviceMemory(
+                f"map {self.id!r}: out of device memory integrating op {op.seq}; the map keeps "
+                "serving its earlier state (the frame may be partly integrated); retry later"
+            )
+        except Exception as e:  # a library bug: keep serving, report it as an internal error
+            log.exception("map %s: op %d (%s) failed", self.id, op.seq, op.kind)
+            return e
 
     def _apply(self, op: Op) -> dict:
+        """Writer thread: ``store.apply`` (the one way into the map) and the frame's ack. A LiDAR frame
+        without a pose is tracked and integrated in that one call; its frame gets the pose used."""
         t = time.perf_counter()
-        res = store.apply(self.map, op.kind, op.args, track=not op.tracked)
+        f = op.args
+        admit = None
+        if _needs_pose(op):
+            admit = lambda T: self._admit_frame(f, T)  # noqa: E731  (the budget, once the pose is known)
+        res = store.apply(self.map, op.kind, f, admit=admit)
         dt = time.perf_counter() - t
         if op.kind != "frame":
             return {"seq": op.seq, **_jsonable(res)}
-        f = op.args
+        if admit is not None:  # logged with the pose used: replay integrates it there, tracking as now
+            f.T_world_sensor = res["T_world_sensor"].numpy().copy()
+            f.pose_estimated = True
+            op.registration = res.get("registration")
         self._stage_metrics()
         self.metrics.integrate.labels(f.kind).observe(dt)
         self.metrics.frames.labels(self.id, f.kind).inc()
@@ -608,6 +676,7 @@ class MapEntry:
                 log.exception("map %s: final snapshot failed (the WAL still covers it)", self.id)
         await self.call_writer(self.wal.close)
         self.executor.shutdown(wait=True)
+        self.log_executor.shutdown(wait=True)
 
     # ------------------------------------------------------------------------------------- views
     def summary(self) -> dict:
@@ -1044,6 +1113,7 @@ class MapService:
                 await e.task
             await e.call_writer(e.wal.close)
             e.executor.shutdown(wait=True)
+            e.log_executor.shutdown(wait=True)
         finally:
             await asyncio.to_thread(e.dir.remove)
             self.metrics.forget_map(map_id)
