@@ -599,7 +599,10 @@ def test_ray_cluster_on_s3_adopts_moves_and_survives_sigkill(tmp_path, s3, bucke
         tmp_path, s3, bucket, data_dir=tmp_path / "root", api_tokens=[TOKEN], query_threads=1, malloc_trim_s=0
     )
     try:
-        with serve_in_thread(create_cluster_app(settings, workers=2)) as url, MapperClient(url, token=TOKEN) as c:
+        with (
+            serve_in_thread(create_cluster_app(settings, workers=2)) as url,
+            MapperClient(url, token=TOKEN) as c,
+        ):
             h = {"Authorization": f"Bearer {TOKEN}"}
             workers = httpx.get(f"{url}/v1/cluster", headers=h, timeout=30).json()["workers"]
             assert len(workers) == 2
