@@ -72,6 +72,10 @@ def set_mmap_threshold(n: int) -> bool:
         return False
     ok = bool(_LIBC.mallopt(M_MMAP_THRESHOLD, int(n)))
     log.debug("malloc mmap threshold %d: %s", n, ok)
+    if ok:  # the CPU path keeps its chunks' temporaries below it
+        from ..kernels.chunks import set_cpu_block_bytes
+
+        set_cpu_block_bytes(int(n))
     return ok
 
 

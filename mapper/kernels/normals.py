@@ -147,13 +147,20 @@ def combine_normals_torch(
         normals float64 ``[N, 3]`` (zero: none), support float64 ``[N]`` (as :func:`scan_normals`).
     """
     n = x.shape[0]
-    out = torch.zeros((n, 3), dtype=torch.float64, device=x.device)
-    support = torch.zeros(n, dtype=torch.float64, device=x.device)
-    for k in range(cell_normals.shape[0]):
-        nrm = cell_normals[k].index_select(0, inv[k])
-        planar = (nrm != 0).any(dim=1)
-        out = torch.where((out != 0).any(dim=1, keepdim=True), out, nrm)
-        support = torch.where(planar, torch.maximum(support, edges[k]), support)
+    s = cell_normals.shape[0]
+    if s == 0 or n == 0:
+        return torch.zeros((n, 3), dtype=torch.float64, device=x.device), x.new_zeros(n)
+    # per scale and return: planar (a cell flag gathered per return, not a [N, 3] row)
+    planar = (cell_normals != 0).any(dim=2).gather(1, inv)  # [S, N]
+    # the first planar scale (S: none), the largest planar edge
+    pf = planar.to(torch.int64)
+    idx = torch.arange(s, device=x.device)[:, None]
+    first = (s - (pf * (s - idx)).amax(dim=0)).clamp(max=s - 1)
+    support = (planar * edges[:, None]).amax(dim=0)
+    any_planar = pf.amax(dim=0)
+    # the normal of the first planar scale's cell: one gather from the [S * N, 3] table
+    row = first * cell_normals.shape[1] + inv.gather(0, first[None]).squeeze(0)
+    out = cell_normals.reshape(-1, 3).index_select(0, row) * any_planar[:, None]
     # towards the sensor: n . (origin - p) = -n . x >= 0
     flip = (out * x).sum(dim=1) > 0
     return torch.where(flip[:, None], -out, out), support
@@ -207,7 +214,8 @@ def cell_moments(
     rank = torch.cumsum(new, 0) - 1
     inv = torch.empty_like(rank).index_copy_(0, order, rank)
     vals = moment_rows(x) if vals is None else vals
-    vals = vals * (keys >= 0)[:, None]
+    if dev.type != "cpu" or bool((keys < 0).any()):  # (a host read: CPU only)
+        vals = vals * (keys >= 0)[:, None]
     mom = torch.zeros((n, 10), dtype=torch.float64, device=dev).index_add_(0, inv, vals)
     return sorted_keys, rank, inv, mom
 
@@ -236,25 +244,24 @@ def cell_plane_normals_torch(
     u = uk.numel()
     mom = mom[:u]
     valid_cell = uk >= 0
-    off = torch.tensor(
-        [
-            (di << (2 * KEY_BITS)) + (dj << KEY_BITS) + dk
-            for di in (-1, 0, 1)
-            for dj in (-1, 0, 1)
-            for dk in (-1, 0, 1)
-        ],
-        dtype=torch.int64,
-        device="cpu",
-    )
-    # sum the 27 neighbours' moments: one binary search and one row gather per offset (a missing neighbour
-    # reads the zero row appended at u); [U, 10] temporaries only
-    mom_z = torch.cat((mom * valid_cell[:, None], mom.new_zeros((1, 10))))
+    # sum the 27 neighbours' moments in the order (di, dj, dk): per (di, dj) one binary search for the cell
+    # (i + di, j + dj, k - 1); the cells k, k + 1 of that column follow it in key order when they exist.
+    # A missing neighbour reads the zero row appended at u; [U, 10] temporaries only
+    mom_z = torch.cat((mom, mom.new_zeros((1, 10))))
+    if not bool(valid_cell.all()):  # the out-of-range cell (key -1, first) sums nothing
+        mom_z[:u] *= valid_cell[:, None].to(mom.dtype)
+    ukz = torch.cat((uk, uk.new_full((1,), -2)))  # position u never matches a key
     total = torch.zeros_like(mom)
-    for d in off.tolist():
-        nk = uk + d
-        pos = torch.searchsorted(uk, nk).clamp_(max=u - 1)
-        pos = torch.where((uk.index_select(0, pos) == nk) & valid_cell, pos, u)
-        total += mom_z.index_select(0, pos)
+    for di in (-1, 0, 1):
+        for dj in (-1, 0, 1):
+            nk = uk + ((di << (2 * KEY_BITS)) + (dj << KEY_BITS) - 1)
+            pos = torch.searchsorted(uk, nk)  # <= u
+            for _ in range(3):
+                hit = (ukz.index_select(0, pos) == nk) & valid_cell
+                hi = hit.to(torch.int64)
+                total += mom_z.index_select(0, u + (pos - u) * hi)
+                pos = pos + hi
+                nk = nk + 1
     cnt = total[:, 0]
     cs = cnt.clamp(min=1.0)
     mean = total[:, 1:4] / cs[:, None]

@@ -37,7 +37,7 @@ import math
 
 import torch
 
-from .chunks import row_slices
+from .chunks import cpu_rows, row_slices
 from .dispatch import kernel
 from .keys import BRICK_HI, BRICK_LO, VOXEL_KEY_BIAS, VOXEL_KEY_BITS, brick_keys, keys_to_ijk  # noqa: F401
 
@@ -46,7 +46,9 @@ KEY_BIAS = VOXEL_KEY_BIAS
 WALK_STEPS = 10  # voxels of a 4^3 brick one straight segment can cross: 3 * 4 - 2
 MISS, BAND = 0, 1  # walk modes: occupancy miss flags, LiDAR TSDF band sums
 CPU_RAYS = 1 << 17  # rays per batch of the torch coarse walk on the CPU (per-step temporaries ~3 MB)
-CPU_SEGMENTS = 1 << 17  # segments per chunk of the torch fine walk on the CPU
+# segments per chunk of the torch fine walk on the CPU (its largest temporaries: float64 [3, m], 24 B a row;
+# fewer under a fixed malloc mmap threshold, chunks.cpu_rows)
+CPU_SEGMENTS = 1 << 14
 # segment rows per coarse pass (12 B each, + 4 B of rank): frames with more are split into ray chunks
 SEGMENT_BUDGET = {"cuda": 1 << 25, "cpu": 1 << 23}
 
@@ -106,7 +108,8 @@ def brick_segments_torch(
     counts = torch.bincount(cap, minlength=cmax + 1).cumsum(0).tolist()  # rays with cap <= c
     slack = 1
     key = brick_keys(v).index_select(0, order)
-    dkey = step * torch.tensor([1 << (2 * KEY_BITS), 1 << KEY_BITS, 1], device=dev)
+    # the key's change per step on each axis, as float64 (exact: |values| <= 2^42)
+    dkey = (step * torch.tensor([1 << (2 * KEY_BITS), 1 << KEY_BITS, 1], device=dev)).to(torch.float64)
     dkey = dkey.index_select(0, order).T.contiguous()
     tm = tmax.index_select(0, order).T.contiguous()
     td = torch.where(torch.isinf(tdelta), 0.0, tdelta).index_select(0, order).T.contiguous()
@@ -116,6 +119,9 @@ def brick_segments_torch(
     ray = order.to(torch.int32)
     overrun = torch.zeros((), dtype=torch.bool, device=dev)
     rays_out, keys_out = [], []
+    # the step masks as float64 0/1 written by the comparisons (out=): a bool mask would cost a conversion
+    # in every product; the same selection as the reference's x-y-z tie order (x: tm_x is the minimum)
+    fx, fy, fz = (torch.empty(n, dtype=torch.float64, device=dev) for _ in range(3))
     for k in range(cmax + slack + 1):
         lo = counts[k - slack] if k >= slack else 0  # rays with cap + slack <= k have left
         if k >= slack:  # the rays that left now must have finished
@@ -125,16 +131,23 @@ def brick_segments_torch(
         if lo >= n:
             break
         valid = (t[lo:] < e[lo:]) if k else first[lo:]
-        vi = valid.to(torch.int64)
-        rays_out.append((ray[lo:] + 1) * vi.to(torch.int32) - 1)
+        vi = valid.to(torch.int32)
+        rays_out.append((ray[lo:] + 1) * vi - 1)
         keys_out.append((key[lo:] + 1) * vi - 1)
         tms = tm[:, lo:]
-        mx = (tms[0] <= tms[1]) & (tms[0] <= tms[2])
-        my = ~mx & (tms[1] <= tms[2])
-        m = torch.stack((mx, my, ~(mx | my)))
-        t[lo:] = torch.minimum(torch.minimum(tms[0], tms[1]), tms[2])
-        tms += td[:, lo:] * m
-        key[lo:] += (dkey[:, lo:] * m).sum(0)
+        ts = t[lo:]
+        x, y, z = fx[lo:], fy[lo:], fz[lo:]
+        torch.minimum(torch.minimum(tms[0], tms[1], out=ts), tms[2], out=ts)
+        torch.eq(tms[0], ts, out=x)
+        torch.eq(tms[1], ts, out=y)
+        y.addcmul_(y, x, value=-1.0)  # y and not x
+        torch.sub(1.0 - x, y, out=z)
+        tms[0].addcmul_(td[0, lo:], x)
+        tms[1].addcmul_(td[1, lo:], y)
+        tms[2].addcmul_(td[2, lo:], z)
+        dk = dkey[0, lo:] * x
+        dk.addcmul_(dkey[1, lo:], y).addcmul_(dkey[2, lo:], z)
+        key[lo:] += dk.to(torch.int64)
     if bool(overrun):  # a rounding overshoot past the slack (never seen): the general walk
         return _brick_segments_compact(o, dirs, t0, t1, cell)
     return torch.cat(rays_out), torch.cat(keys_out), box
@@ -411,7 +424,7 @@ def walk_segments_torch(
     """
     dev = dirs.device
     m_all = seg_ray.numel()
-    chunk = CPU_SEGMENTS if dev.type == "cpu" else max(m_all, 1)
+    chunk = cpu_rows(CPU_SEGMENTS, 24) if dev.type == "cpu" else max(m_all, 1)
     f64 = torch.float64
     # per-axis rows ([3, R], [3, U]) once, so that a chunk's gathers come out contiguous per axis
     rays = {"d": dirs.to(f64).T.contiguous(), "a": t0.to(f64), "e": t1.to(f64)}
@@ -494,7 +507,10 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
     dirs, the brick's first voxel ``lo``; ``[m]``: t0, t1, range) with arithmetic selects (the CPU
     ``where`` is branchy, ~10x slower on random masks); all rows step together, finished ones masked,
     and dropped when fewer than half are left. ``plane``: per-row (normal ``[3, m]``, offset ``[m]``,
-    float32 weight ``[m]``) for the projected distance (see :func:`walk_segments_torch`)."""
+    float32 weight ``[m]``) for the projected distance (see :func:`walk_segments_torch`).
+
+    The step masks are float64 0/1 written by the comparisons themselves (``out=``: a bool mask costs a
+    conversion per arithmetic use, ~3x the comparison) and the DDA state is updated in place."""
     f64 = torch.float64
     band = mode == BAND
     dz = (d == 0).to(f64)
@@ -511,56 +527,74 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
     tm = a + ((v + pos) * s - p0) * inv + _BIG * dz
     td = s * inv.abs()
     sgn = torch.sign(d)
-    rem = (lo + 3.0 * pos - v) * sgn  # steps left inside the brick per axis
+    rem = (lo + 3.0 * pos - v) * sgn  # steps left inside the brick per axis (0..3)
     w = torch.tensor([[16.0], [4.0], [1.0]], dtype=f64, device=d.device)
     dof = sgn * w  # change of the in-brick offset per step
     idx = rank.to(f64) * 64 + ((v - lo) * w).sum(0)
+    del dz, inv, p0, face, tf, te, pe, c, pos
+    has = None
+    if plane is not None:
+        has = (plane[0] != 0).any(dim=0)
     parts_i, parts_v, parts_w = [], [], []
 
     def record(alive):
-        af = None if alive is None else alive.to(f64)
         if not band:
-            parts_i.append(idx if af is None else idx * af)
-            parts_v.append(
-                torch.ones_like(idx, dtype=torch.uint8) if alive is None else alive.to(torch.uint8)
-            )
+            parts_i.append(idx if alive is None else idx * alive)
+            parts_v.append(torch.ones_like(idx) if alive is None else alive)
             return
         c = (v + 0.5) * s - o
         sdf = r - torch.sqrt(c[0] * c[0] + c[1] * c[1] + c[2] * c[2])
         wt = weight
-        keep = sdf >= -tau if alive is None else alive & (sdf >= -tau)
-        if plane is not None:
+        if plane is None:
+            keep = sdf >= -tau
+        else:
             nn, q, wt = plane
-            has = (nn != 0).any(dim=0)
             proj = ((c[0] * nn[0] + c[1] * nn[1]) + c[2] * nn[2]) - q
             # behind the return along the ray but in front of its plane: the plane does not hold there
             skip = has & (sdf < 0) & (proj > 0)
             sdf = torch.where(has, proj, sdf)
-            keep = (sdf >= -tau) & ~skip if alive is None else alive & (sdf >= -tau) & ~skip
+            keep = (sdf >= -tau) & ~skip
         kf = keep.to(torch.float32)
-        parts_i.append(idx * keep.to(f64))
+        if alive is not None:
+            kf *= alive
+        parts_i.append(idx * kf)
         parts_v.append(sdf.clamp(max=tau).to(torch.float32) * wt * kf)
-        parts_w.append(kf * wt)
+        parts_w.append(kf * wt if plane is not None else kf * weight)
 
     record(None)
     alive = None
+    m = idx.numel()
+    t, fx, fy, fz, g = (torch.empty(m, dtype=f64, device=d.device) for _ in range(5))
     for _ in range(WALK_STEPS - 1):
-        mx = (tm[0] <= tm[1]) & (tm[0] <= tm[2])  # ties: x, then y, then z
-        my = ~mx & (tm[1] <= tm[2])
-        step = torch.stack((mx, my, ~(mx | my))).to(f64)
-        t = torch.minimum(torch.minimum(tm[0], tm[1]), tm[2])
-        tm = tm + td * step
-        inside = (rem * step).sum(0) >= 1  # the stepped axis had a voxel left in the brick
-        rem = rem - step
-        idx = idx + (dof * step).sum(0)
+        n = tm.shape[1]
+        t, fx, fy, fz, g = t[:n], fx[:n], fy[:n], fz[:n], g[:n]
+        torch.minimum(torch.minimum(tm[0], tm[1], out=t), tm[2], out=t)
+        # the axis that steps: ties x, then y, then z
+        torch.eq(tm[0], t, out=fx)
+        torch.eq(tm[1], t, out=fy)
+        fy.addcmul_(fy, fx, value=-1.0)  # y and not x
+        torch.sub(1.0 - fx, fy, out=fz)
+        tm[0].addcmul_(td[0], fx)
+        tm[1].addcmul_(td[1], fy)
+        tm[2].addcmul_(td[2], fz)
+        rem[0].sub_(fx)
+        rem[1].sub_(fy)
+        rem[2].sub_(fz)
+        idx = torch.addcmul(idx, dof[0], fx)
+        idx.addcmul_(dof[1], fy).addcmul_(dof[2], fz)
         if band:
-            v = v + sgn * step
-        go = (t < e) & inside
-        alive = go if alive is None else alive & go
-        n_alive = int(alive.sum())
+            v = v.clone()
+            v[0].addcmul_(sgn[0], fx)
+            v[1].addcmul_(sgn[1], fy)
+            v[2].addcmul_(sgn[2], fz)
+        # alive: the crossing is before t1 and the stepped axis had a voxel left in the brick
+        torch.lt(t, e, out=g)
+        nxt = torch.ge(torch.minimum(torch.minimum(rem[0], rem[1]), rem[2]), 0.0, out=fx).mul_(g)
+        alive = nxt.to(torch.float32) if alive is None else alive.mul(nxt)
+        n_alive = int(alive.count_nonzero())
         if n_alive == 0:
             break
-        if n_alive <= alive.numel() // 2:  # drop finished rows
+        if n_alive <= n // 2:  # drop finished rows
             keep = alive.nonzero().squeeze(1)
             tm, td, rem, idx, dof, e = (x.index_select(-1, keep) for x in (tm, td, rem, idx, dof, e))
             if band:
@@ -569,17 +603,12 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
                     o = o.index_select(1, keep)
                 if plane is not None:
                     plane = tuple(x.index_select(-1, keep) for x in plane)
+                    has = has.index_select(0, keep)
             alive = None
         record(alive)
-    if not parts_i:
-        return
     idx = torch.cat(parts_i).to(torch.int64)
     if mode == MISS:
-        hit = torch.cat(parts_v)  # 1 for crossed voxels, 0 for finished rows (their idx is 0)
-        if idx.device.type == "cpu":  # max with 0 leaves a flag as it is: no compaction
-            out[0].scatter_reduce_(0, idx, hit, reduce="amax")
-        else:
-            out[0].index_fill_(0, idx[hit.bool()], 1)
+        out[0].index_fill_(0, idx[torch.cat(parts_v) != 0], 1)
     else:
         out[0].index_add_(0, idx, torch.cat(parts_v))
         out[1].index_add_(0, idx, torch.cat(parts_w))
