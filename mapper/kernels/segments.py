@@ -532,9 +532,10 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
     dof = sgn * w  # change of the in-brick offset per step
     idx = rank.to(f64) * 64 + ((v - lo) * w).sum(0)
     del dz, inv, p0, face, tf, te, pe, c, pos
-    has = None
-    if plane is not None:
+    f32 = torch.float32
+    if plane is not None:  # a normal: float64 0/1 (the distance's select) and float32 0/1 (the masks)
         has = (plane[0] != 0).any(dim=0)
+        plane = (*plane, has.to(f64), has.to(f32))
     parts_i, parts_v, parts_w = [], [], []
 
     def record(alive):
@@ -543,31 +544,41 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
             parts_v.append(torch.ones_like(idx) if alive is None else alive)
             return
         c = (v + 0.5) * s - o
-        sdf = r - torch.sqrt(c[0] * c[0] + c[1] * c[1] + c[2] * c[2])
-        wt = weight
+        sq = c[0] * c[0]
+        sq += c[1] * c[1]
+        sq += c[2] * c[2]
+        sdf = r - sq.sqrt_()
+        kf = torch.empty(sdf.shape, dtype=f32, device=sdf.device)
         if plane is None:
-            keep = sdf >= -tau
+            wt = weight
+            torch.ge(sdf, -tau, out=kf)
         else:
-            nn, q, wt = plane
-            proj = ((c[0] * nn[0] + c[1] * nn[1]) + c[2] * nn[2]) - q
+            nn, q, wt, has64, has32 = plane
+            proj = c[0] * nn[0]
+            proj += c[1] * nn[1]
+            proj += c[2] * nn[2]
+            proj -= q
             # behind the return along the ray but in front of its plane: the plane does not hold there
-            skip = has & (sdf < 0) & (proj > 0)
-            sdf = torch.where(has, proj, sdf)
-            keep = (sdf >= -tau) & ~skip
-        kf = keep.to(torch.float32)
+            skip = torch.lt(sdf, 0.0, out=torch.empty_like(kf))
+            skip *= torch.gt(proj, 0.0, out=kf)
+            skip *= has32
+            sdf = (sdf * (1.0 - has64)).addcmul_(proj, has64)  # the projected distance where a normal
+            torch.ge(sdf, -tau, out=kf)
+            kf *= 1.0 - skip
         if alive is not None:
             kf *= alive
         parts_i.append(idx * kf)
-        parts_v.append(sdf.clamp(max=tau).to(torch.float32) * wt * kf)
-        parts_w.append(kf * wt if plane is not None else kf * weight)
+        parts_v.append(sdf.clamp(max=tau).to(f32) * wt * kf)
+        parts_w.append(kf * wt)
 
     record(None)
     alive = None
     m = idx.numel()
-    t, fx, fy, fz, g = (torch.empty(m, dtype=f64, device=d.device) for _ in range(5))
+    t, fx, fy, fz = (torch.empty(m, dtype=f64, device=d.device) for _ in range(4))
+    g, h = (torch.empty(m, dtype=f32, device=d.device) for _ in range(2))
     for _ in range(WALK_STEPS - 1):
         n = tm.shape[1]
-        t, fx, fy, fz, g = t[:n], fx[:n], fy[:n], fz[:n], g[:n]
+        t, fx, fy, fz, g, h = t[:n], fx[:n], fy[:n], fz[:n], g[:n], h[:n]
         torch.minimum(torch.minimum(tm[0], tm[1], out=t), tm[2], out=t)
         # the axis that steps: ties x, then y, then z
         torch.eq(tm[0], t, out=fx)
@@ -589,8 +600,8 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
             v[2].addcmul_(sgn[2], fz)
         # alive: the crossing is before t1 and the stepped axis had a voxel left in the brick
         torch.lt(t, e, out=g)
-        nxt = torch.ge(torch.minimum(torch.minimum(rem[0], rem[1]), rem[2]), 0.0, out=fx).mul_(g)
-        alive = nxt.to(torch.float32) if alive is None else alive.mul(nxt)
+        nxt = torch.ge(torch.minimum(torch.minimum(rem[0], rem[1]), rem[2]), 0.0, out=h).mul_(g)
+        alive = nxt.clone() if alive is None else alive * nxt
         n_alive = int(alive.count_nonzero())
         if n_alive == 0:
             break
@@ -603,7 +614,6 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
                     o = o.index_select(1, keep)
                 if plane is not None:
                     plane = tuple(x.index_select(-1, keep) for x in plane)
-                    has = has.index_select(0, keep)
             alive = None
         record(alive)
     idx = torch.cat(parts_i).to(torch.int64)
