@@ -46,7 +46,7 @@ KEY_BIAS = VOXEL_KEY_BIAS
 WALK_STEPS = 10  # voxels of a 4^3 brick one straight segment can cross: 3 * 4 - 2
 MISS, BAND = 0, 1  # walk modes: occupancy miss flags, LiDAR TSDF band sums
 CPU_RAYS = 1 << 17  # rays per batch of the torch coarse walk on the CPU (per-step temporaries ~3 MB)
-# segments per chunk of the torch fine walk on the CPU (its largest temporaries: float64 [3, m], 24 B a row;
+# segments per chunk of the torch fine walk on the CPU (its temporaries: float64 [m] rows, 8 B a segment;
 # fewer under a fixed malloc mmap threshold, chunks.cpu_rows)
 CPU_SEGMENTS = 1 << 14
 # segment rows per coarse pass (12 B each, + 4 B of rank): frames with more are split into ray chunks
@@ -424,23 +424,23 @@ def walk_segments_torch(
     """
     dev = dirs.device
     m_all = seg_ray.numel()
-    chunk = cpu_rows(CPU_SEGMENTS, 24) if dev.type == "cpu" else max(m_all, 1)
+    chunk = cpu_rows(CPU_SEGMENTS, 8) if dev.type == "cpu" else max(m_all, 1)
     f64 = torch.float64
-    # per-axis rows ([3, R], [3, U]) once, so that a chunk's gathers come out contiguous per axis
-    rays = {"d": dirs.to(f64).T.contiguous(), "a": t0.to(f64), "e": t1.to(f64)}
+    # one contiguous row per axis ([R] each, [U] for the bricks), so that a chunk's gathers are rows
+    rays = {"d": tuple(dirs.to(f64).T.contiguous()), "a": t0.to(f64), "e": t1.to(f64)}
     o = origins.to(f64)
     if o.dim() == 1 or o.stride(0) == 0:
-        o = o.reshape(-1, 3)[0].reshape(3, 1)  # one origin for all rays
+        o = tuple(o.reshape(-1, 3)[0].reshape(3, 1))  # one origin for all rays: three [1] rows
     else:
-        rays["o"] = o.T.contiguous()
+        rays["o"] = tuple(o.T.contiguous())
     if mode == BAND:
         rays["r"] = rng.to(f64)
     proj = mode == BAND and normals is not None
     if proj:
-        rays["n"] = normals.to(f64).T.contiguous()
+        rays["n"] = tuple(normals.to(f64).T.contiguous())
         rays["q"] = plane_offsets(dirs, rng, normals)
         rays["w"] = ray_weight.to(torch.float32)
-    lo_all = (bricks.to(torch.int64).T * 4).to(f64).contiguous()
+    lo_all = tuple((bricks.to(torch.int64).T * 4).to(f64).contiguous())
     for c0 in range(0, m_all, chunk):
         sr = seg_ray[c0 : c0 + chunk]
         sk = seg_rank[c0 : c0 + chunk]
@@ -450,7 +450,10 @@ def walk_segments_torch(
             sr, sk = sr[keep_idx], sk[keep_idx]
         ray = sr.to(torch.int64)
         rank = sk.to(torch.int64)
-        g = {k: x.index_select(-1, ray) for k, x in rays.items()}
+        g = {
+            k: tuple(y.index_select(0, ray) for y in x) if isinstance(x, tuple) else x.index_select(0, ray)
+            for k, x in rays.items()
+        }
         _walk_chunk(
             mode,
             g.get("o", o),
@@ -459,7 +462,7 @@ def walk_segments_torch(
             g["e"],
             g.get("r"),
             rank,
-            lo_all.index_select(1, rank),
+            tuple(x.index_select(0, rank) for x in lo_all),
             float(voxel_size),
             out,
             tau,
@@ -471,27 +474,27 @@ def walk_segments_torch(
 _BIG = 1e300  # stands in for an infinite crossing parameter (arithmetic selects: no inf * 0)
 
 
-def _entry_voxel(c, d, exact, entered, lo):
-    """The brick's first voxel on the ray (float64 ``[3, m]``), from ``c = floor(pe / s)`` at the entry
-    point ``pe`` and ``exact`` (``pe`` lies on a voxel boundary of that axis).
+def _entry_voxel(c, d, exact, entered, lo, lo4):
+    """The brick's first voxel on the ray (float64, one ``[m]`` row per axis), from ``c = floor(pe / s)``
+    at the entry point ``pe`` and ``exact`` (``pe`` lies on a voxel boundary of that axis).
 
     Where the DDA would be: the voxel containing ``pe``, clamped into the brick (on the entry face the
     clamp picks the voxel inside, on a face the ray leaves by at the same time the one it has not left
     yet). At an exact tie the DDA steps the tied axes in the order x, y, z, so a tied *interior* boundary
     has been crossed when a later axis is the one entering the brick: x when y or z enters, y when z
     enters. A segment starting inside the brick (``entered`` false) starts at ``floor`` as the DDA does.
+
+    Rows: tuples of three ``[m]`` rows; ``exact`` bool; ``lo4`` the entry face's voxel coordinate
+    ``lo + 4 * (d < 0)``.
     """
-    v = torch.minimum(torch.maximum(c, lo), lo + 3)
-    entry_face = exact & (c == lo + 4.0 * (d < 0).to(torch.float64))
-    interior = exact & (c > lo) & (c < lo + 4) & entered
+    v = [torch.minimum(torch.maximum(c[k], lo[k]), lo[k] + 3) for k in (0, 1, 2)]
+    entry_face = [exact[k] & (c[k] == lo4[k]) for k in (0, 1, 2)]
+    interior = [exact[k] & (c[k] > lo[k]) & (c[k] < lo[k] + 4) & entered for k in (0, 1, 2)]
     st_x = entry_face[1] | entry_face[2]
     st_y = entry_face[2]
     # floor is the stepped state for d > 0 and the one before for d < 0
-    pos = d > 0
-    fix_x = interior[0] & (pos[0] ^ st_x)
-    fix_y = interior[1] & (pos[1] ^ st_y)
-    fix_z = interior[2] & pos[2]
-    return v - torch.stack((fix_x, fix_y, fix_z)).to(torch.float64)
+    fix = (interior[0] & ((d[0] > 0) ^ st_x), interior[1] & ((d[1] > 0) ^ st_y), interior[2] & (d[2] > 0))
+    return [v[k] - fix[k].to(torch.float64) for k in (0, 1, 2)]
 
 
 def plane_offsets(dirs: torch.Tensor, rng: torch.Tensor, normals: torch.Tensor) -> torch.Tensor:
@@ -503,39 +506,49 @@ def plane_offsets(dirs: torch.Tensor, rng: torch.Tensor, normals: torch.Tensor) 
 
 
 def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
-    """The walk of one chunk of segments: per-axis rows (float64 ``[3, m]``: origin (or ``[3, 1]``),
-    dirs, the brick's first voxel ``lo``; ``[m]``: t0, t1, range) with arithmetic selects (the CPU
-    ``where`` is branchy, ~10x slower on random masks); all rows step together, finished ones masked,
-    and dropped when fewer than half are left. ``plane``: per-row (normal ``[3, m]``, offset ``[m]``,
-    float32 weight ``[m]``) for the projected distance (see :func:`walk_segments_torch`).
+    """The walk of one chunk of segments, one float64 ``[m]`` row per axis (tuples of three: origin (each
+    ``[1]`` for a shared one), dirs, the brick's first voxel ``lo``; ``[m]``: t0, t1, range) with arithmetic
+    selects (the CPU ``where`` is branchy, ~10x slower on random masks); all rows step together, finished
+    ones masked, and dropped when fewer than half are left. ``plane``: per-row (normal (three ``[m]``),
+    offset ``[m]``, float32 weight ``[m]``) for the projected distance (see :func:`walk_segments_torch`).
 
-    The step masks are float64 0/1 written by the comparisons themselves (``out=``: a bool mask costs a
-    conversion per arithmetic use, ~3x the comparison) and the DDA state is updated in place."""
-    f64 = torch.float64
+    Masks are float 0/1 written by the comparisons themselves (``out=``: a bool mask costs a conversion in
+    every product) and the DDA state is updated in place. Every temporary is one ``[m]`` row (no ``[3, m]``
+    block), so with ``m`` from :func:`mapper.kernels.chunks.cpu_rows` they stay below a fixed malloc mmap
+    threshold (reused heap, no fresh pages)."""
+    f64, f32 = torch.float64, torch.float32
     band = mode == BAND
-    dz = (d == 0).to(f64)
-    inv = 1.0 / (d + dz) * (1.0 - dz)  # 1 / d, 0 on axes the ray does not cross
-    p0 = o + d * a
-    face = (lo + 4.0 * (d < 0).to(f64)) * s
-    tf = a + (face - p0) * inv - _BIG * dz  # slab entry per axis
-    te = torch.maximum(a, tf.amax(dim=0))  # where the ray enters the brick
-    pe = o + d * te
-    c = torch.floor(pe / s)
-    v = _entry_voxel(c, d, (dz == 0) & (c * s == pe), te > a, lo)
-    pos = (d > 0).to(f64)
+    X = (0, 1, 2)
+
+    def mask(op, x, y, dtype=f64):
+        return op(x, y, out=torch.empty(x.shape, dtype=dtype, device=x.device))
+
+    dz = [mask(torch.eq, d[k], 0.0) for k in X]
+    inv = [1.0 / (d[k] + dz[k]) * (1.0 - dz[k]) for k in X]  # 1 / d, 0 on axes the ray does not cross
+    p0 = [o[k] + d[k] * a for k in X]
+    lo4 = [lo[k] + 4.0 * mask(torch.lt, d[k], 0.0) for k in X]  # the entry face's voxel coordinate
+    tf = [a + (lo4[k] * s - p0[k]) * inv[k] - _BIG * dz[k] for k in X]  # slab entry per axis
+    te = torch.maximum(a, torch.maximum(torch.maximum(tf[0], tf[1]), tf[2]))  # where the ray enters
+    del tf
+    pe = [o[k] + d[k] * te for k in X]
+    c = [torch.floor(pe[k] / s) for k in X]
+    exact = [(dz[k] == 0) & (c[k] * s == pe[k]) for k in X]
+    v = _entry_voxel(c, d, exact, te > a, lo, lo4)
+    del pe, c, exact, te, lo4
+    pos = [mask(torch.gt, d[k], 0.0) for k in X]
     # the DDA from the brick's first voxel: crossings t0 + (boundary - p0) / d, then + s / |d| per step
-    tm = a + ((v + pos) * s - p0) * inv + _BIG * dz
-    td = s * inv.abs()
-    sgn = torch.sign(d)
-    rem = (lo + 3.0 * pos - v) * sgn  # steps left inside the brick per axis (0..3)
-    w = torch.tensor([[16.0], [4.0], [1.0]], dtype=f64, device=d.device)
-    dof = sgn * w  # change of the in-brick offset per step
-    idx = rank.to(f64) * 64 + ((v - lo) * w).sum(0)
-    del dz, inv, p0, face, tf, te, pe, c, pos
-    f32 = torch.float32
+    tm = [a + ((v[k] + pos[k]) * s - p0[k]) * inv[k] + _BIG * dz[k] for k in X]
+    td = [s * inv[k].abs() for k in X]
+    sgn = [torch.sign(d[k]) for k in X]
+    rem = [(lo[k] + 3.0 * pos[k] - v[k]) * sgn[k] for k in X]  # steps left inside the brick per axis
+    w = (16.0, 4.0, 1.0)
+    dof = [sgn[k] * w[k] for k in X]  # change of the in-brick offset per step
+    idx = rank.to(f64) * 64 + (((v[0] - lo[0]) * 16.0 + (v[1] - lo[1]) * 4.0) + (v[2] - lo[2]))
+    del dz, inv, p0, pos
     if plane is not None:  # a normal: float64 0/1 (the distance's select) and float32 0/1 (the masks)
-        has = (plane[0] != 0).any(dim=0)
-        plane = (*plane, has.to(f64), has.to(f32))
+        nn, q, wr = plane
+        has = (nn[0] != 0) | (nn[1] != 0) | (nn[2] != 0)
+        plane = (*nn, q, wr, has.to(f64), has.to(f32))
     parts_i, parts_v, parts_w = [], [], []
 
     def record(alive):
@@ -543,7 +556,7 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
             parts_i.append(idx if alive is None else idx * alive)
             parts_v.append(torch.ones_like(idx) if alive is None else alive)
             return
-        c = (v + 0.5) * s - o
+        c = [(v[k] + 0.5) * s - o[k] for k in X]
         sq = c[0] * c[0]
         sq += c[1] * c[1]
         sq += c[2] * c[2]
@@ -553,13 +566,13 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
             wt = weight
             torch.ge(sdf, -tau, out=kf)
         else:
-            nn, q, wt, has64, has32 = plane
-            proj = c[0] * nn[0]
-            proj += c[1] * nn[1]
-            proj += c[2] * nn[2]
+            n0, n1, n2, q, wt, has64, has32 = plane
+            proj = c[0] * n0
+            proj += c[1] * n1
+            proj += c[2] * n2
             proj -= q
             # behind the return along the ray but in front of its plane: the plane does not hold there
-            skip = torch.lt(sdf, 0.0, out=torch.empty_like(kf))
+            skip = mask(torch.lt, sdf, 0.0, f32)
             skip *= torch.gt(proj, 0.0, out=kf)
             skip *= has32
             sdf = (sdf * (1.0 - has64)).addcmul_(proj, has64)  # the projected distance where a normal
@@ -574,10 +587,10 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
     record(None)
     alive = None
     m = idx.numel()
-    t, fx, fy, fz = (torch.empty(m, dtype=f64, device=d.device) for _ in range(4))
-    g, h = (torch.empty(m, dtype=f32, device=d.device) for _ in range(2))
+    t, fx, fy, fz = (torch.empty(m, dtype=f64, device=a.device) for _ in range(4))
+    g, h = (torch.empty(m, dtype=f32, device=a.device) for _ in range(2))
     for _ in range(WALK_STEPS - 1):
-        n = tm.shape[1]
+        n = idx.numel()
         t, fx, fy, fz, g, h = t[:n], fx[:n], fy[:n], fz[:n], g[:n], h[:n]
         torch.minimum(torch.minimum(tm[0], tm[1], out=t), tm[2], out=t)
         # the axis that steps: ties x, then y, then z
@@ -585,19 +598,14 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
         torch.eq(tm[1], t, out=fy)
         fy.addcmul_(fy, fx, value=-1.0)  # y and not x
         torch.sub(1.0 - fx, fy, out=fz)
-        tm[0].addcmul_(td[0], fx)
-        tm[1].addcmul_(td[1], fy)
-        tm[2].addcmul_(td[2], fz)
-        rem[0].sub_(fx)
-        rem[1].sub_(fy)
-        rem[2].sub_(fz)
+        f = (fx, fy, fz)
+        for k in X:
+            tm[k].addcmul_(td[k], f[k])
+            rem[k].sub_(f[k])
         idx = torch.addcmul(idx, dof[0], fx)
         idx.addcmul_(dof[1], fy).addcmul_(dof[2], fz)
         if band:
-            v = v.clone()
-            v[0].addcmul_(sgn[0], fx)
-            v[1].addcmul_(sgn[1], fy)
-            v[2].addcmul_(sgn[2], fz)
+            v = [torch.addcmul(v[k], sgn[k], f[k]) for k in X]
         # alive: the crossing is before t1 and the stepped axis had a voxel left in the brick
         torch.lt(t, e, out=g)
         nxt = torch.ge(torch.minimum(torch.minimum(rem[0], rem[1]), rem[2]), 0.0, out=h).mul_(g)
@@ -607,13 +615,19 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
             break
         if n_alive <= n // 2:  # drop finished rows
             keep = alive.nonzero().squeeze(1)
-            tm, td, rem, idx, dof, e = (x.index_select(-1, keep) for x in (tm, td, rem, idx, dof, e))
+
+            def sel(xs, keep=keep):
+                return [x.index_select(0, keep) for x in xs]
+
+            tm, td, rem, dof = sel(tm), sel(td), sel(rem), sel(dof)
+            idx, e = sel((idx, e))
             if band:
-                v, sgn, r = (x.index_select(-1, keep) for x in (v, sgn, r))
-                if o.shape[1] > 1:
-                    o = o.index_select(1, keep)
+                v, sgn = sel(v), sel(sgn)
+                (r,) = sel((r,))
+                if o[0].numel() > 1:
+                    o = sel(o)
                 if plane is not None:
-                    plane = tuple(x.index_select(-1, keep) for x in plane)
+                    plane = tuple(sel(plane))
             alive = None
         record(alive)
     idx = torch.cat(parts_i).to(torch.int64)
