@@ -187,6 +187,38 @@ def test_fine_pass_band_equals_voxel_dda(name, s):
     assert got == want  # bit for bit (same float64 formula, float32 products)
 
 
+@pytest.mark.parametrize("mode", [S.MISS, S.BAND])
+def test_fine_pass_in_many_chunks_equals_the_voxel_dda(monkeypatch, mode):
+    """The CPU walk cut into chunks of 37 segments (rows dropped and re-gathered per chunk) gives the
+    voxel-resolution DDA's voxels and values, as in one chunk."""
+    s = 0.3
+    o, d, t0, t1 = case_rays("random", s)
+    rng = (t0 + t1) / 2 + 0.3 * s
+    one, _ = per_segment_walk(mode, o, d, t0, t1, s, rng, 2.5 * s, 0.7)
+    monkeypatch.setattr(S, "CPU_SEGMENTS", 37)
+    many, _ = per_segment_walk(mode, o, d, t0, t1, s, rng, 2.5 * s, 0.7)
+    assert many == one
+    if mode == S.BAND:
+        assert many == band_oracle(o, d, t0, t1, rng, s, 2.5 * s, 0.7)
+    else:
+        assert set(many) == set(dda_cells(o, d, t0, t1, s))
+
+
+def test_cpu_rows_stay_below_a_fixed_mmap_threshold(monkeypatch):
+    """Chunk rows: the default under glibc's dynamic threshold; under a fixed one, the most rows whose
+    temporaries stay 4 KiB below it, at least 1024 (mapper.kernels.chunks)."""
+    from mapper.kernels import chunks
+
+    monkeypatch.setattr(chunks, "_BLOCK_BYTES", 0)
+    assert chunks.cpu_rows(1 << 14, 8) == 1 << 14
+    chunks.set_cpu_block_bytes(128 * 1024)
+    assert chunks.cpu_rows(1 << 14, 8) == 15872  # (131072 - 4096) / 8: float64 rows of 124 KiB
+    assert chunks.cpu_rows(1 << 12, 8) == 1 << 12  # never more than the default
+    assert chunks.cpu_rows(1 << 14, 1 << 20) == 1024
+    chunks.set_cpu_block_bytes(-1)  # nonsense: the dynamic threshold
+    assert chunks.cpu_rows(1 << 14, 8) == 1 << 14
+
+
 def test_end_voxel_on_brick_boundary_by_hand():
     """A +x ray of exactly 3.875 m from x = 0.125 (s = 0.25): its end x = 4.0 is a brick boundary; voxels
     0..15 are crossed (entry < t1), voxel 16 is not."""

@@ -30,12 +30,11 @@ def set_cpu_block_bytes(n: int) -> None:
 
 
 def cpu_rows(default: int, bytes_per_row: int) -> int:
-    """Rows per CPU chunk: ``default``, or under a fixed mmap threshold the largest power of two whose
-    temporaries (``bytes_per_row`` each row, for the largest one) stay below it (at least 1024)."""
+    """Rows per CPU chunk: ``default``, or under a fixed mmap threshold the most rows whose temporaries
+    (``bytes_per_row`` each row, for the largest one) stay 4 KiB below it (at least 1024)."""
     if _BLOCK_BYTES <= 0:
         return default
-    fit = max((_BLOCK_BYTES - 4096) // max(bytes_per_row, 1), 1024)
-    return min(default, 1 << (fit.bit_length() - 1))
+    return min(default, max((_BLOCK_BYTES - 4096) // max(bytes_per_row, 1), 1024))
 
 
 def row_slices(n: int, device: torch.device, cpu_rows: int = CPU_ROWS) -> Iterator[slice]:
