@@ -152,18 +152,18 @@ def combine_normals_torch(
         return torch.zeros((n, 3), dtype=torch.float64, device=x.device), x.new_zeros(n)
     # per scale and return: planar (a cell flag gathered per return, not a [N, 3] row)
     planar = (cell_normals != 0).any(dim=2).gather(1, inv)  # [S, N]
-    # the first planar scale (S: none), the largest planar edge
+    # the first planar scale (none: the last, whose normal is then zero), the largest planar edge
     pf = planar.to(torch.int64)
     idx = torch.arange(s, device=x.device)[:, None]
     first = (s - (pf * (s - idx)).amax(dim=0)).clamp(max=s - 1)
-    support = (planar * edges[:, None]).amax(dim=0)
-    any_planar = pf.amax(dim=0)
-    # the normal of the first planar scale's cell: one gather from the [S * N, 3] table
+    support = (planar.to(torch.float64) * edges[:, None]).amax(dim=0)
+    # the normal of the first planar scale's cell: one gather from the [S * N, 3] table (a cell that is not
+    # planar has a zero normal)
     row = first * cell_normals.shape[1] + inv.gather(0, first[None]).squeeze(0)
-    out = cell_normals.reshape(-1, 3).index_select(0, row) * any_planar[:, None]
-    # towards the sensor: n . (origin - p) = -n . x >= 0
-    flip = (out * x).sum(dim=1) > 0
-    return torch.where(flip[:, None], -out, out), support
+    out = cell_normals.reshape(-1, 3).index_select(0, row)
+    # towards the sensor: n . (origin - p) = -n . x >= 0 (a sign as a factor: exact, no select)
+    flip = torch.gt((out * x).sum(dim=1), 0.0, out=torch.empty(n, dtype=torch.float64, device=x.device))
+    return out * (1.0 - 2.0 * flip)[:, None], support
 
 
 def combine_normals(x: torch.Tensor, cell_normals: torch.Tensor, inv: torch.Tensor, edges: torch.Tensor):
