@@ -544,11 +544,13 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
     w = (16.0, 4.0, 1.0)
     dof = [sgn[k] * w[k] for k in X]  # change of the in-brick offset per step
     idx = rank.to(f64) * 64 + (((v[0] - lo[0]) * 16.0 + (v[1] - lo[1]) * 4.0) + (v[2] - lo[2]))
-    del dz, inv, p0, pos
-    if plane is not None:  # a normal: float64 0/1 (the distance's select) and float32 0/1 (the masks)
+    vh = [v[k] + 0.5 for k in X]  # the voxel's centre in voxels (exact halves), stepped in place below
+    del dz, inv, p0, pos, v
+    if plane is not None:  # a normal: float64 0/1 and its complement (the distance's select), float32 0/1
         nn, q, wr = plane
         has = (nn[0] != 0) | (nn[1] != 0) | (nn[2] != 0)
-        plane = (*nn, q, wr, has.to(f64), has.to(f32))
+        has64 = has.to(f64)
+        plane = (*nn, q, wr, has64, 1.0 - has64, has.to(f32))
     parts_i, parts_v, parts_w = [], [], []
 
     def record(alive):
@@ -556,7 +558,7 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
             parts_i.append(idx if alive is None else idx * alive)
             parts_v.append(torch.ones_like(idx) if alive is None else alive)
             return
-        c = [(v[k] + 0.5) * s - o[k] for k in X]
+        c = [vh[k] * s - o[k] for k in X]
         sq = c[0] * c[0]
         sq += c[1] * c[1]
         sq += c[2] * c[2]
@@ -566,7 +568,7 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
             wt = weight
             torch.ge(sdf, -tau, out=kf)
         else:
-            n0, n1, n2, q, wt, has64, has32 = plane
+            n0, n1, n2, q, wt, has64, no64, has32 = plane
             proj = c[0] * n0
             proj += c[1] * n1
             proj += c[2] * n2
@@ -575,9 +577,9 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
             skip = mask(torch.lt, sdf, 0.0, f32)
             skip *= torch.gt(proj, 0.0, out=kf)
             skip *= has32
-            sdf = (sdf * (1.0 - has64)).addcmul_(proj, has64)  # the projected distance where a normal
+            sdf = (sdf * no64).addcmul_(proj, has64)  # the projected distance where a normal
             torch.ge(sdf, -tau, out=kf)
-            kf *= 1.0 - skip
+            kf -= skip  # skip implies proj > 0 >= -tau: kf = 1 there
         if alive is not None:
             kf *= alive
         parts_i.append(idx * kf)
@@ -605,7 +607,8 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
         idx = torch.addcmul(idx, dof[0], fx)
         idx.addcmul_(dof[1], fy).addcmul_(dof[2], fz)
         if band:
-            v = [torch.addcmul(v[k], sgn[k], f[k]) for k in X]
+            for k in X:
+                vh[k].addcmul_(sgn[k], f[k])
         # alive: the crossing is before t1 and the stepped axis had a voxel left in the brick
         torch.lt(t, e, out=g)
         nxt = torch.ge(torch.minimum(torch.minimum(rem[0], rem[1]), rem[2]), 0.0, out=h).mul_(g)
@@ -622,7 +625,7 @@ def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
             tm, td, rem, dof = sel(tm), sel(td), sel(rem), sel(dof)
             idx, e = sel((idx, e))
             if band:
-                v, sgn = sel(v), sel(sgn)
+                vh, sgn = sel(vh), sel(sgn)
                 (r,) = sel((r,))
                 if o[0].numel() > 1:
                     o = sel(o)
