@@ -145,6 +145,26 @@ def test_coarse_pass_is_the_brick_resolution_dda(name, s, walk):
     assert got == want
 
 
+def test_coarse_pass_in_ray_groups_under_a_fixed_mmap_threshold(monkeypatch):
+    """Under a fixed mmap threshold the coarse pass runs in groups of rays (here 1024): the same segments
+    (global ray indices) and a box holding them all, as in one pass."""
+    from mapper.kernels import chunks
+
+    s = 0.3
+    o, d, t0, t1 = random_rays(2500, 11, span=8.0)
+    monkeypatch.setattr(chunks, "_BLOCK_BYTES", 0)
+    one = _segments(*S.brick_segments_torch(o, d, t0, t1, 4 * s))
+    chunks.set_cpu_block_bytes(4096 + 1024 * 8)  # rows: 1024
+    assert chunks.cpu_rows(2500, 8) == 1024
+    t1_empty = t1.clone()
+    t1_empty[1024:2048] = t0[1024:2048] - 1.0  # a group without any segment
+    groups = _segments(*S.brick_segments_torch(o, d, t0, t1, 4 * s))
+    assert groups == one
+    assert _segments(*S.brick_segments_torch(o, d, t0, t1_empty, 4 * s)) == [
+        x for x in one if not 1024 <= x[0] < 2048
+    ]
+
+
 @pytest.mark.parametrize("name,s", CASES)
 def test_ray_bricks_bbox_holds_every_segment(name, s):
     o, d, t0, t1 = case_rays(name, s)

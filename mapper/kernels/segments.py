@@ -93,6 +93,9 @@ def brick_segments_torch(
     n = dirs.shape[0]
     if n == 0:
         return _no_segments(dev)
+    rows = cpu_rows(n, 8) if dev.type == "cpu" else n
+    if n > rows:  # a fixed malloc mmap threshold: ray groups whose [n] temporaries stay below it
+        return _brick_segments_groups(origins, dirs, t0, t1, cell, rows)
     o = origins.expand(n, 3) if origins.dim() == 1 else origins
     v, step, tmax, tdelta = _dda_setup(o, dirs, t0, cell)
     b1 = torch.floor((o + dirs * t1[:, None]) / cell).to(torch.int64)
@@ -150,6 +153,25 @@ def brick_segments_torch(
         key[lo:] += dk.to(torch.int64)
     if bool(overrun):  # a rounding overshoot past the slack (never seen): the general walk
         return _brick_segments_compact(o, dirs, t0, t1, cell)
+    return torch.cat(rays_out), torch.cat(keys_out), box
+
+
+def _brick_segments_groups(origins, dirs, t0, t1, cell, rows):
+    """:func:`brick_segments_torch` over groups of ``rows`` rays (the same segments, group by group; the
+    box the union of the groups')."""
+    rays_out, keys_out, los, his = [], [], [], []
+    for a in range(0, dirs.shape[0], rows):
+        sl = slice(a, a + rows)
+        o = origins if origins.dim() == 1 else origins[sl]
+        seg_ray, seg_key, (lo, hi) = brick_segments_torch(o, dirs[sl], t0[sl], t1[sl], cell)
+        rays_out.append(torch.where(seg_ray >= 0, seg_ray + a, seg_ray))
+        keys_out.append(seg_key)
+        if all(x <= y for x, y in zip(lo, hi, strict=True)):  # an empty group's box is [0, -1]
+            los.append(lo)
+            his.append(hi)
+    if not los:
+        return torch.cat(rays_out), torch.cat(keys_out), [[0] * 3, [-1] * 3]
+    box = [[min(x) for x in zip(*los, strict=True)], [max(x) for x in zip(*his, strict=True)]]
     return torch.cat(rays_out), torch.cat(keys_out), box
 
 
