@@ -145,6 +145,26 @@ def test_coarse_pass_is_the_brick_resolution_dda(name, s, walk):
     assert got == want
 
 
+def test_coarse_pass_in_ray_groups_under_a_fixed_mmap_threshold(monkeypatch):
+    """Under a fixed mmap threshold the coarse pass runs in groups of rays (here 1024): the same segments
+    (global ray indices) and a box holding them all, as in one pass."""
+    from mapper.kernels import chunks
+
+    s = 0.3
+    o, d, t0, t1 = random_rays(2500, 11, span=8.0)
+    monkeypatch.setattr(chunks, "_BLOCK_BYTES", 0)
+    one = _segments(*S.brick_segments_torch(o, d, t0, t1, 4 * s))
+    chunks.set_cpu_block_bytes(4096 + 1024 * 8)  # rows: 1024
+    assert chunks.cpu_rows(2500, 8) == 1024
+    t1_empty = t1.clone()
+    t1_empty[1024:2048] = t0[1024:2048] - 1.0  # a group without any segment
+    groups = _segments(*S.brick_segments_torch(o, d, t0, t1, 4 * s))
+    assert groups == one
+    assert _segments(*S.brick_segments_torch(o, d, t0, t1_empty, 4 * s)) == [
+        x for x in one if not 1024 <= x[0] < 2048
+    ]
+
+
 @pytest.mark.parametrize("name,s", CASES)
 def test_ray_bricks_bbox_holds_every_segment(name, s):
     o, d, t0, t1 = case_rays(name, s)
@@ -185,6 +205,38 @@ def test_fine_pass_band_equals_voxel_dda(name, s):
     assert set(got) == set(want)
     assert set(w[w != 0].tolist()) == {torch.tensor(0.7, dtype=torch.float32).item()}
     assert got == want  # bit for bit (same float64 formula, float32 products)
+
+
+@pytest.mark.parametrize("mode", [S.MISS, S.BAND])
+def test_fine_pass_in_many_chunks_equals_the_voxel_dda(monkeypatch, mode):
+    """The CPU walk cut into chunks of 37 segments (rows dropped and re-gathered per chunk) gives the
+    voxel-resolution DDA's voxels and values, as in one chunk."""
+    s = 0.3
+    o, d, t0, t1 = case_rays("random", s)
+    rng = (t0 + t1) / 2 + 0.3 * s
+    one, _ = per_segment_walk(mode, o, d, t0, t1, s, rng, 2.5 * s, 0.7)
+    monkeypatch.setattr(S, "CPU_SEGMENTS", 37)
+    many, _ = per_segment_walk(mode, o, d, t0, t1, s, rng, 2.5 * s, 0.7)
+    assert many == one
+    if mode == S.BAND:
+        assert many == band_oracle(o, d, t0, t1, rng, s, 2.5 * s, 0.7)
+    else:
+        assert set(many) == set(dda_cells(o, d, t0, t1, s))
+
+
+def test_cpu_rows_stay_below_a_fixed_mmap_threshold(monkeypatch):
+    """Chunk rows: the default under glibc's dynamic threshold; under a fixed one, the most rows whose
+    temporaries stay 4 KiB below it, at least 1024 (mapper.kernels.chunks)."""
+    from mapper.kernels import chunks
+
+    monkeypatch.setattr(chunks, "_BLOCK_BYTES", 0)
+    assert chunks.cpu_rows(1 << 14, 8) == 1 << 14
+    chunks.set_cpu_block_bytes(128 * 1024)
+    assert chunks.cpu_rows(1 << 14, 8) == 15872  # (131072 - 4096) / 8: float64 rows of 124 KiB
+    assert chunks.cpu_rows(1 << 12, 8) == 1 << 12  # never more than the default
+    assert chunks.cpu_rows(1 << 14, 1 << 20) == 1024
+    chunks.set_cpu_block_bytes(-1)  # nonsense: the dynamic threshold
+    assert chunks.cpu_rows(1 << 14, 8) == 1 << 14
 
 
 def test_end_voxel_on_brick_boundary_by_hand():

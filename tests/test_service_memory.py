@@ -369,4 +369,4 @@ def test_memory_collector_exports_every_arena():
         by_arena.setdefault(s.labels["arena"], {})[s.labels["kind"]] = s.value
     assert len(by_arena) == len(memory.malloc_arenas()) >= 1
     assert all(set(v) == {"system", "free"} and v["system"] >= v["free"] >= 0 for v in by_arena.values())
-    assert sorted(by_arena) == [str(i) for i in range(len(by_arena))]  # main arena is "0"
+    assert sorted(by_arena, key=int) == [str(i) for i in range(len(by_arena))]  # main arena is "0"

@@ -72,6 +72,12 @@ def set_mmap_threshold(n: int) -> bool:
         return False
     ok = bool(_LIBC.mallopt(M_MMAP_THRESHOLD, int(n)))
     log.debug("malloc mmap threshold %d: %s", n, ok)
+    if ok:  # the CPU path keeps its chunks' temporaries below it (mapper.kernels.chunks)
+        try:
+            from ..kernels.chunks import set_cpu_block_bytes
+        except ImportError:  # this module loaded on its own (tests): no CPU path to tell
+            return ok
+        set_cpu_block_bytes(int(n))
     return ok
 
 

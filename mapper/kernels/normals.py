@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from .chunks import CPU_ROWS, cpu_rows, row_slices
 from .dispatch import kernel
 from .keys import VOXEL_KEY_BITS as KEY_BITS
 from .keys import brick_keys
@@ -123,8 +124,9 @@ def cell_keys_torch(points_w: torch.Tensor, inv_cell: torch.Tensor) -> torch.Ten
     """
     p = points_w.to(torch.float64)
     out = torch.empty((inv_cell.shape[0], p.shape[0]), dtype=torch.int64, device=p.device)
-    for k in range(inv_cell.shape[0]):
-        out[k] = brick_keys(torch.floor(p * inv_cell[k] + CELL_OFFSET).to(torch.int64))
+    for sl in row_slices(p.shape[0], p.device, cpu_rows(CPU_ROWS, 24)):  # [n, 3] float64 temporaries
+        for k in range(inv_cell.shape[0]):
+            out[k, sl] = brick_keys(torch.floor(p[sl] * inv_cell[k] + CELL_OFFSET).to(torch.int64))
     return out
 
 
@@ -147,16 +149,29 @@ def combine_normals_torch(
         normals float64 ``[N, 3]`` (zero: none), support float64 ``[N]`` (as :func:`scan_normals`).
     """
     n = x.shape[0]
-    out = torch.zeros((n, 3), dtype=torch.float64, device=x.device)
-    support = torch.zeros(n, dtype=torch.float64, device=x.device)
-    for k in range(cell_normals.shape[0]):
-        nrm = cell_normals[k].index_select(0, inv[k])
-        planar = (nrm != 0).any(dim=1)
-        out = torch.where((out != 0).any(dim=1, keepdim=True), out, nrm)
-        support = torch.where(planar, torch.maximum(support, edges[k]), support)
-    # towards the sensor: n . (origin - p) = -n . x >= 0
-    flip = (out * x).sum(dim=1) > 0
-    return torch.where(flip[:, None], -out, out), support
+    s = cell_normals.shape[0]
+    if s == 0 or n == 0:
+        return torch.zeros((n, 3), dtype=torch.float64, device=x.device), x.new_zeros(n)
+    # per scale and cell: planar (a flag gathered per return, not a [N, 3] row)
+    planar_cell = (cell_normals != 0).any(dim=2)  # [S, N]
+    table = cell_normals.reshape(-1, 3)
+    idx = torch.arange(s, device=x.device)[:, None]
+    out = torch.empty((n, 3), dtype=torch.float64, device=x.device)
+    support = torch.empty(n, dtype=torch.float64, device=x.device)
+    for sl in row_slices(n, x.device, cpu_rows(CPU_ROWS, 24)):  # [S, n] and [n, 3] temporaries
+        inv_s = inv[:, sl]
+        planar = planar_cell.gather(1, inv_s)
+        # the first planar scale (none: the last, whose normal is then zero), the largest planar edge
+        pf = planar.to(torch.int64)
+        first = (s - (pf * (s - idx)).amax(dim=0)).clamp(max=s - 1)
+        support[sl] = (planar.to(torch.float64) * edges[:, None]).amax(dim=0)
+        # the normal of the first planar scale's cell: one gather from the [S * N, 3] table (a cell that is
+        # not planar has a zero normal)
+        nrm = table.index_select(0, first * cell_normals.shape[1] + inv_s.gather(0, first[None]).squeeze(0))
+        # towards the sensor: n . (origin - p) = -n . x >= 0 (a sign as a factor: exact, no select)
+        flip = torch.gt((nrm * x[sl]).sum(dim=1), 0.0, out=x.new_empty(nrm.shape[0]))
+        out[sl] = nrm * (1.0 - 2.0 * flip)[:, None]
+    return out, support
 
 
 def combine_normals(x: torch.Tensor, cell_normals: torch.Tensor, inv: torch.Tensor, edges: torch.Tensor):
@@ -170,9 +185,11 @@ def moment_rows(x: torch.Tensor) -> torch.Tensor:
     vals = torch.empty((x.shape[0], 10), dtype=torch.float64, device=x.device)
     vals[:, 0] = 1.0
     vals[:, 1:4] = x
-    vals[:, 4:7] = x * x[:, 0:1]
-    vals[:, 7:9] = x[:, 1:] * x[:, 1:2]
-    vals[:, 9] = x[:, 2] * x[:, 2]
+    for sl in row_slices(x.shape[0], x.device, cpu_rows(CPU_ROWS, 24)):  # [n, 3] float64 temporaries
+        xs = x[sl]
+        vals[sl, 4:7] = xs * xs[:, 0:1]
+        vals[sl, 7:9] = xs[:, 1:] * xs[:, 1:2]
+        vals[sl, 9] = xs[:, 2] * xs[:, 2]
     return vals
 
 
@@ -207,7 +224,8 @@ def cell_moments(
     rank = torch.cumsum(new, 0) - 1
     inv = torch.empty_like(rank).index_copy_(0, order, rank)
     vals = moment_rows(x) if vals is None else vals
-    vals = vals * (keys >= 0)[:, None]
+    if dev.type != "cpu" or bool((keys < 0).any()):  # (a host read: CPU only)
+        vals = vals * (keys >= 0)[:, None]
     mom = torch.zeros((n, 10), dtype=torch.float64, device=dev).index_add_(0, inv, vals)
     return sorted_keys, rank, inv, mom
 
@@ -236,25 +254,25 @@ def cell_plane_normals_torch(
     u = uk.numel()
     mom = mom[:u]
     valid_cell = uk >= 0
-    off = torch.tensor(
-        [
-            (di << (2 * KEY_BITS)) + (dj << KEY_BITS) + dk
-            for di in (-1, 0, 1)
-            for dj in (-1, 0, 1)
-            for dk in (-1, 0, 1)
-        ],
-        dtype=torch.int64,
-        device="cpu",
-    )
-    # sum the 27 neighbours' moments: one binary search and one row gather per offset (a missing neighbour
-    # reads the zero row appended at u); [U, 10] temporaries only
-    mom_z = torch.cat((mom * valid_cell[:, None], mom.new_zeros((1, 10))))
+    # sum the 27 neighbours' moments in the order (di, dj, dk): per (di, dj) one binary search for the cell
+    # (i + di, j + dj, k - 1); the cells k, k + 1 of that column follow it in key order when they exist.
+    # A missing neighbour reads the zero row appended at u; [U, 10] temporaries only
+    mom_z = torch.cat((mom, mom.new_zeros((1, 10))))
+    if not bool(valid_cell.all()):  # the out-of-range cell (key -1, first) sums nothing
+        mom_z[:u] *= valid_cell[:, None].to(mom.dtype)
+    ukz = torch.cat((uk, uk.new_full((1,), -2)))  # position u never matches a key
     total = torch.zeros_like(mom)
-    for d in off.tolist():
-        nk = uk + d
-        pos = torch.searchsorted(uk, nk).clamp_(max=u - 1)
-        pos = torch.where((uk.index_select(0, pos) == nk) & valid_cell, pos, u)
-        total += mom_z.index_select(0, pos)
+    rows = torch.empty_like(mom)  # the gathered rows, one buffer for the 27 (no fresh [U, 10] block each)
+    for di in (-1, 0, 1):
+        for dj in (-1, 0, 1):
+            nk = uk + ((di << (2 * KEY_BITS)) + (dj << KEY_BITS) - 1)
+            pos = torch.searchsorted(uk, nk)  # <= u
+            for _ in range(3):
+                hit = (ukz.index_select(0, pos) == nk) & valid_cell
+                hi = hit.to(torch.int64)
+                total += torch.index_select(mom_z, 0, u + (pos - u) * hi, out=rows)
+                pos = pos + hi
+                nk = nk + 1
     cnt = total[:, 0]
     cs = cnt.clamp(min=1.0)
     mean = total[:, 1:4] / cs[:, None]

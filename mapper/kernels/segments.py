@@ -37,7 +37,7 @@ import math
 
 import torch
 
-from .chunks import row_slices
+from .chunks import cpu_rows, row_slices
 from .dispatch import kernel
 from .keys import BRICK_HI, BRICK_LO, VOXEL_KEY_BIAS, VOXEL_KEY_BITS, brick_keys, keys_to_ijk  # noqa: F401
 
@@ -46,7 +46,9 @@ KEY_BIAS = VOXEL_KEY_BIAS
 WALK_STEPS = 10  # voxels of a 4^3 brick one straight segment can cross: 3 * 4 - 2
 MISS, BAND = 0, 1  # walk modes: occupancy miss flags, LiDAR TSDF band sums
 CPU_RAYS = 1 << 17  # rays per batch of the torch coarse walk on the CPU (per-step temporaries ~3 MB)
-CPU_SEGMENTS = 1 << 17  # segments per chunk of the torch fine walk on the CPU
+# segments per chunk of the torch fine walk on the CPU (its temporaries: float64 [m] rows, 8 B a segment;
+# fewer under a fixed malloc mmap threshold, chunks.cpu_rows)
+CPU_SEGMENTS = 1 << 14
 # segment rows per coarse pass (12 B each, + 4 B of rank): frames with more are split into ray chunks
 SEGMENT_BUDGET = {"cuda": 1 << 25, "cpu": 1 << 23}
 
@@ -91,6 +93,9 @@ def brick_segments_torch(
     n = dirs.shape[0]
     if n == 0:
         return _no_segments(dev)
+    rows = cpu_rows(n, 8) if dev.type == "cpu" else n
+    if n > rows:  # a fixed malloc mmap threshold: ray groups whose [n] temporaries stay below it
+        return _brick_segments_groups(origins, dirs, t0, t1, cell, rows)
     o = origins.expand(n, 3) if origins.dim() == 1 else origins
     v, step, tmax, tdelta = _dda_setup(o, dirs, t0, cell)
     b1 = torch.floor((o + dirs * t1[:, None]) / cell).to(torch.int64)
@@ -106,7 +111,8 @@ def brick_segments_torch(
     counts = torch.bincount(cap, minlength=cmax + 1).cumsum(0).tolist()  # rays with cap <= c
     slack = 1
     key = brick_keys(v).index_select(0, order)
-    dkey = step * torch.tensor([1 << (2 * KEY_BITS), 1 << KEY_BITS, 1], device=dev)
+    # the key's change per step on each axis, as float64 (exact: |values| <= 2^42)
+    dkey = (step * torch.tensor([1 << (2 * KEY_BITS), 1 << KEY_BITS, 1], device=dev)).to(torch.float64)
     dkey = dkey.index_select(0, order).T.contiguous()
     tm = tmax.index_select(0, order).T.contiguous()
     td = torch.where(torch.isinf(tdelta), 0.0, tdelta).index_select(0, order).T.contiguous()
@@ -116,6 +122,9 @@ def brick_segments_torch(
     ray = order.to(torch.int32)
     overrun = torch.zeros((), dtype=torch.bool, device=dev)
     rays_out, keys_out = [], []
+    # the step masks as float64 0/1 written by the comparisons (out=): a bool mask would cost a conversion
+    # in every product; the same selection as the reference's x-y-z tie order (x: tm_x is the minimum)
+    fx, fy, fz = (torch.empty(n, dtype=torch.float64, device=dev) for _ in range(3))
     for k in range(cmax + slack + 1):
         lo = counts[k - slack] if k >= slack else 0  # rays with cap + slack <= k have left
         if k >= slack:  # the rays that left now must have finished
@@ -125,18 +134,44 @@ def brick_segments_torch(
         if lo >= n:
             break
         valid = (t[lo:] < e[lo:]) if k else first[lo:]
-        vi = valid.to(torch.int64)
-        rays_out.append((ray[lo:] + 1) * vi.to(torch.int32) - 1)
+        vi = valid.to(torch.int32)
+        rays_out.append((ray[lo:] + 1) * vi - 1)
         keys_out.append((key[lo:] + 1) * vi - 1)
         tms = tm[:, lo:]
-        mx = (tms[0] <= tms[1]) & (tms[0] <= tms[2])
-        my = ~mx & (tms[1] <= tms[2])
-        m = torch.stack((mx, my, ~(mx | my)))
-        t[lo:] = torch.minimum(torch.minimum(tms[0], tms[1]), tms[2])
-        tms += td[:, lo:] * m
-        key[lo:] += (dkey[:, lo:] * m).sum(0)
+        ts = t[lo:]
+        x, y, z = fx[lo:], fy[lo:], fz[lo:]
+        torch.minimum(torch.minimum(tms[0], tms[1], out=ts), tms[2], out=ts)
+        torch.eq(tms[0], ts, out=x)
+        torch.eq(tms[1], ts, out=y)
+        y.addcmul_(y, x, value=-1.0)  # y and not x
+        torch.sub(1.0 - x, y, out=z)
+        tms[0].addcmul_(td[0, lo:], x)
+        tms[1].addcmul_(td[1, lo:], y)
+        tms[2].addcmul_(td[2, lo:], z)
+        dk = dkey[0, lo:] * x
+        dk.addcmul_(dkey[1, lo:], y).addcmul_(dkey[2, lo:], z)
+        key[lo:] += dk.to(torch.int64)
     if bool(overrun):  # a rounding overshoot past the slack (never seen): the general walk
         return _brick_segments_compact(o, dirs, t0, t1, cell)
+    return torch.cat(rays_out), torch.cat(keys_out), box
+
+
+def _brick_segments_groups(origins, dirs, t0, t1, cell, rows):
+    """:func:`brick_segments_torch` over groups of ``rows`` rays (the same segments, group by group; the
+    box the union of the groups')."""
+    rays_out, keys_out, los, his = [], [], [], []
+    for a in range(0, dirs.shape[0], rows):
+        sl = slice(a, a + rows)
+        o = origins if origins.dim() == 1 else origins[sl]
+        seg_ray, seg_key, (lo, hi) = brick_segments_torch(o, dirs[sl], t0[sl], t1[sl], cell)
+        rays_out.append(torch.where(seg_ray >= 0, seg_ray + a, seg_ray))
+        keys_out.append(seg_key)
+        if all(x <= y for x, y in zip(lo, hi, strict=True)):  # an empty group's box is [0, -1]
+            los.append(lo)
+            his.append(hi)
+    if not los:
+        return torch.cat(rays_out), torch.cat(keys_out), [[0] * 3, [-1] * 3]
+    box = [[min(x) for x in zip(*los, strict=True)], [max(x) for x in zip(*his, strict=True)]]
     return torch.cat(rays_out), torch.cat(keys_out), box
 
 
@@ -411,23 +446,23 @@ def walk_segments_torch(
     """
     dev = dirs.device
     m_all = seg_ray.numel()
-    chunk = CPU_SEGMENTS if dev.type == "cpu" else max(m_all, 1)
+    chunk = cpu_rows(CPU_SEGMENTS, 8) if dev.type == "cpu" else max(m_all, 1)
     f64 = torch.float64
-    # per-axis rows ([3, R], [3, U]) once, so that a chunk's gathers come out contiguous per axis
-    rays = {"d": dirs.to(f64).T.contiguous(), "a": t0.to(f64), "e": t1.to(f64)}
+    # one contiguous row per axis ([R] each, [U] for the bricks), so that a chunk's gathers are rows
+    rays = {"d": tuple(dirs.to(f64).T.contiguous()), "a": t0.to(f64), "e": t1.to(f64)}
     o = origins.to(f64)
     if o.dim() == 1 or o.stride(0) == 0:
-        o = o.reshape(-1, 3)[0].reshape(3, 1)  # one origin for all rays
+        o = tuple(o.reshape(-1, 3)[0].reshape(3, 1))  # one origin for all rays: three [1] rows
     else:
-        rays["o"] = o.T.contiguous()
+        rays["o"] = tuple(o.T.contiguous())
     if mode == BAND:
         rays["r"] = rng.to(f64)
     proj = mode == BAND and normals is not None
     if proj:
-        rays["n"] = normals.to(f64).T.contiguous()
+        rays["n"] = tuple(normals.to(f64).T.contiguous())
         rays["q"] = plane_offsets(dirs, rng, normals)
         rays["w"] = ray_weight.to(torch.float32)
-    lo_all = (bricks.to(torch.int64).T * 4).to(f64).contiguous()
+    lo_all = tuple((bricks.to(torch.int64).T * 4).to(f64).contiguous())
     for c0 in range(0, m_all, chunk):
         sr = seg_ray[c0 : c0 + chunk]
         sk = seg_rank[c0 : c0 + chunk]
@@ -437,7 +472,10 @@ def walk_segments_torch(
             sr, sk = sr[keep_idx], sk[keep_idx]
         ray = sr.to(torch.int64)
         rank = sk.to(torch.int64)
-        g = {k: x.index_select(-1, ray) for k, x in rays.items()}
+        g = {
+            k: tuple(y.index_select(0, ray) for y in x) if isinstance(x, tuple) else x.index_select(0, ray)
+            for k, x in rays.items()
+        }
         _walk_chunk(
             mode,
             g.get("o", o),
@@ -446,7 +484,7 @@ def walk_segments_torch(
             g["e"],
             g.get("r"),
             rank,
-            lo_all.index_select(1, rank),
+            tuple(x.index_select(0, rank) for x in lo_all),
             float(voxel_size),
             out,
             tau,
@@ -458,27 +496,27 @@ def walk_segments_torch(
 _BIG = 1e300  # stands in for an infinite crossing parameter (arithmetic selects: no inf * 0)
 
 
-def _entry_voxel(c, d, exact, entered, lo):
-    """The brick's first voxel on the ray (float64 ``[3, m]``), from ``c = floor(pe / s)`` at the entry
-    point ``pe`` and ``exact`` (``pe`` lies on a voxel boundary of that axis).
+def _entry_voxel(c, d, exact, entered, lo, lo4):
+    """The brick's first voxel on the ray (float64, one ``[m]`` row per axis), from ``c = floor(pe / s)``
+    at the entry point ``pe`` and ``exact`` (``pe`` lies on a voxel boundary of that axis).
 
     Where the DDA would be: the voxel containing ``pe``, clamped into the brick (on the entry face the
     clamp picks the voxel inside, on a face the ray leaves by at the same time the one it has not left
     yet). At an exact tie the DDA steps the tied axes in the order x, y, z, so a tied *interior* boundary
     has been crossed when a later axis is the one entering the brick: x when y or z enters, y when z
     enters. A segment starting inside the brick (``entered`` false) starts at ``floor`` as the DDA does.
+
+    Rows: tuples of three ``[m]`` rows; ``exact`` bool; ``lo4`` the entry face's voxel coordinate
+    ``lo + 4 * (d < 0)``.
     """
-    v = torch.minimum(torch.maximum(c, lo), lo + 3)
-    entry_face = exact & (c == lo + 4.0 * (d < 0).to(torch.float64))
-    interior = exact & (c > lo) & (c < lo + 4) & entered
+    v = [torch.minimum(torch.maximum(c[k], lo[k]), lo[k] + 3) for k in (0, 1, 2)]
+    entry_face = [exact[k] & (c[k] == lo4[k]) for k in (0, 1, 2)]
+    interior = [exact[k] & (c[k] > lo[k]) & (c[k] < lo[k] + 4) & entered for k in (0, 1, 2)]
     st_x = entry_face[1] | entry_face[2]
     st_y = entry_face[2]
     # floor is the stepped state for d > 0 and the one before for d < 0
-    pos = d > 0
-    fix_x = interior[0] & (pos[0] ^ st_x)
-    fix_y = interior[1] & (pos[1] ^ st_y)
-    fix_z = interior[2] & pos[2]
-    return v - torch.stack((fix_x, fix_y, fix_z)).to(torch.float64)
+    fix = (interior[0] & ((d[0] > 0) ^ st_x), interior[1] & ((d[1] > 0) ^ st_y), interior[2] & (d[2] > 0))
+    return [v[k] - fix[k].to(torch.float64) for k in (0, 1, 2)]
 
 
 def plane_offsets(dirs: torch.Tensor, rng: torch.Tensor, normals: torch.Tensor) -> torch.Tensor:
@@ -490,96 +528,136 @@ def plane_offsets(dirs: torch.Tensor, rng: torch.Tensor, normals: torch.Tensor) 
 
 
 def _walk_chunk(mode, o, d, a, e, r, rank, lo, s, out, tau, weight, plane=None):
-    """The walk of one chunk of segments: per-axis rows (float64 ``[3, m]``: origin (or ``[3, 1]``),
-    dirs, the brick's first voxel ``lo``; ``[m]``: t0, t1, range) with arithmetic selects (the CPU
-    ``where`` is branchy, ~10x slower on random masks); all rows step together, finished ones masked,
-    and dropped when fewer than half are left. ``plane``: per-row (normal ``[3, m]``, offset ``[m]``,
-    float32 weight ``[m]``) for the projected distance (see :func:`walk_segments_torch`)."""
-    f64 = torch.float64
+    """The walk of one chunk of segments, one float64 ``[m]`` row per axis (tuples of three: origin (each
+    ``[1]`` for a shared one), dirs, the brick's first voxel ``lo``; ``[m]``: t0, t1, range) with arithmetic
+    selects (the CPU ``where`` is branchy, ~10x slower on random masks); all rows step together, finished
+    ones masked, and dropped when fewer than half are left. ``plane``: per-row (normal (three ``[m]``),
+    offset ``[m]``, float32 weight ``[m]``) for the projected distance (see :func:`walk_segments_torch`).
+
+    Masks are float 0/1 written by the comparisons themselves (``out=``: a bool mask costs a conversion in
+    every product) and the DDA state is updated in place. Every temporary is one ``[m]`` row (no ``[3, m]``
+    block), so with ``m`` from :func:`mapper.kernels.chunks.cpu_rows` they stay below a fixed malloc mmap
+    threshold (reused heap, no fresh pages)."""
+    f64, f32 = torch.float64, torch.float32
     band = mode == BAND
-    dz = (d == 0).to(f64)
-    inv = 1.0 / (d + dz) * (1.0 - dz)  # 1 / d, 0 on axes the ray does not cross
-    p0 = o + d * a
-    face = (lo + 4.0 * (d < 0).to(f64)) * s
-    tf = a + (face - p0) * inv - _BIG * dz  # slab entry per axis
-    te = torch.maximum(a, tf.amax(dim=0))  # where the ray enters the brick
-    pe = o + d * te
-    c = torch.floor(pe / s)
-    v = _entry_voxel(c, d, (dz == 0) & (c * s == pe), te > a, lo)
-    pos = (d > 0).to(f64)
+    X = (0, 1, 2)
+
+    def mask(op, x, y, dtype=f64):
+        return op(x, y, out=torch.empty(x.shape, dtype=dtype, device=x.device))
+
+    dz = [mask(torch.eq, d[k], 0.0) for k in X]
+    inv = [1.0 / (d[k] + dz[k]) * (1.0 - dz[k]) for k in X]  # 1 / d, 0 on axes the ray does not cross
+    p0 = [o[k] + d[k] * a for k in X]
+    lo4 = [lo[k] + 4.0 * mask(torch.lt, d[k], 0.0) for k in X]  # the entry face's voxel coordinate
+    tf = [a + (lo4[k] * s - p0[k]) * inv[k] - _BIG * dz[k] for k in X]  # slab entry per axis
+    te = torch.maximum(a, torch.maximum(torch.maximum(tf[0], tf[1]), tf[2]))  # where the ray enters
+    del tf
+    pe = [o[k] + d[k] * te for k in X]
+    c = [torch.floor(pe[k] / s) for k in X]
+    exact = [(dz[k] == 0) & (c[k] * s == pe[k]) for k in X]
+    v = _entry_voxel(c, d, exact, te > a, lo, lo4)
+    del pe, c, exact, te, lo4
+    pos = [mask(torch.gt, d[k], 0.0) for k in X]
     # the DDA from the brick's first voxel: crossings t0 + (boundary - p0) / d, then + s / |d| per step
-    tm = a + ((v + pos) * s - p0) * inv + _BIG * dz
-    td = s * inv.abs()
-    sgn = torch.sign(d)
-    rem = (lo + 3.0 * pos - v) * sgn  # steps left inside the brick per axis
-    w = torch.tensor([[16.0], [4.0], [1.0]], dtype=f64, device=d.device)
-    dof = sgn * w  # change of the in-brick offset per step
-    idx = rank.to(f64) * 64 + ((v - lo) * w).sum(0)
+    tm = [a + ((v[k] + pos[k]) * s - p0[k]) * inv[k] + _BIG * dz[k] for k in X]
+    td = [s * inv[k].abs() for k in X]
+    sgn = [torch.sign(d[k]) for k in X]
+    rem = [(lo[k] + 3.0 * pos[k] - v[k]) * sgn[k] for k in X]  # steps left inside the brick per axis
+    w = (16.0, 4.0, 1.0)
+    dof = [sgn[k] * w[k] for k in X]  # change of the in-brick offset per step
+    idx = rank.to(f64) * 64 + (((v[0] - lo[0]) * 16.0 + (v[1] - lo[1]) * 4.0) + (v[2] - lo[2]))
+    vh = [v[k] + 0.5 for k in X]  # the voxel's centre in voxels (exact halves), stepped in place below
+    del dz, inv, p0, pos, v
+    if plane is not None:  # a normal: float64 0/1 and its complement (the distance's select), float32 0/1
+        nn, q, wr = plane
+        has = (nn[0] != 0) | (nn[1] != 0) | (nn[2] != 0)
+        has64 = has.to(f64)
+        plane = (*nn, q, wr, has64, 1.0 - has64, has.to(f32))
     parts_i, parts_v, parts_w = [], [], []
 
     def record(alive):
-        af = None if alive is None else alive.to(f64)
         if not band:
-            parts_i.append(idx if af is None else idx * af)
-            parts_v.append(
-                torch.ones_like(idx, dtype=torch.uint8) if alive is None else alive.to(torch.uint8)
-            )
+            parts_i.append(idx if alive is None else idx * alive)
+            parts_v.append(torch.ones_like(idx) if alive is None else alive)
             return
-        c = (v + 0.5) * s - o
-        sdf = r - torch.sqrt(c[0] * c[0] + c[1] * c[1] + c[2] * c[2])
-        wt = weight
-        keep = sdf >= -tau if alive is None else alive & (sdf >= -tau)
-        if plane is not None:
-            nn, q, wt = plane
-            has = (nn != 0).any(dim=0)
-            proj = ((c[0] * nn[0] + c[1] * nn[1]) + c[2] * nn[2]) - q
+        c = [vh[k] * s - o[k] for k in X]
+        sq = c[0] * c[0]
+        sq += c[1] * c[1]
+        sq += c[2] * c[2]
+        sdf = r - sq.sqrt_()
+        kf = torch.empty(sdf.shape, dtype=f32, device=sdf.device)
+        if plane is None:
+            wt = weight
+            torch.ge(sdf, -tau, out=kf)
+        else:
+            n0, n1, n2, q, wt, has64, no64, has32 = plane
+            proj = c[0] * n0
+            proj += c[1] * n1
+            proj += c[2] * n2
+            proj -= q
             # behind the return along the ray but in front of its plane: the plane does not hold there
-            skip = has & (sdf < 0) & (proj > 0)
-            sdf = torch.where(has, proj, sdf)
-            keep = (sdf >= -tau) & ~skip if alive is None else alive & (sdf >= -tau) & ~skip
-        kf = keep.to(torch.float32)
-        parts_i.append(idx * keep.to(f64))
-        parts_v.append(sdf.clamp(max=tau).to(torch.float32) * wt * kf)
+            skip = mask(torch.lt, sdf, 0.0, f32)
+            skip *= torch.gt(proj, 0.0, out=kf)
+            skip *= has32
+            sdf = (sdf * no64).addcmul_(proj, has64)  # the projected distance where a normal
+            torch.ge(sdf, -tau, out=kf)
+            kf -= skip  # skip implies proj > 0 >= -tau: kf = 1 there
+        if alive is not None:
+            kf *= alive
+        parts_i.append(idx * kf)
+        parts_v.append(sdf.clamp(max=tau).to(f32) * wt * kf)
         parts_w.append(kf * wt)
 
     record(None)
     alive = None
+    m = idx.numel()
+    t, fx, fy, fz = (torch.empty(m, dtype=f64, device=a.device) for _ in range(4))
+    g, h = (torch.empty(m, dtype=f32, device=a.device) for _ in range(2))
     for _ in range(WALK_STEPS - 1):
-        mx = (tm[0] <= tm[1]) & (tm[0] <= tm[2])  # ties: x, then y, then z
-        my = ~mx & (tm[1] <= tm[2])
-        step = torch.stack((mx, my, ~(mx | my))).to(f64)
-        t = torch.minimum(torch.minimum(tm[0], tm[1]), tm[2])
-        tm = tm + td * step
-        inside = (rem * step).sum(0) >= 1  # the stepped axis had a voxel left in the brick
-        rem = rem - step
-        idx = idx + (dof * step).sum(0)
+        n = idx.numel()
+        t, fx, fy, fz, g, h = t[:n], fx[:n], fy[:n], fz[:n], g[:n], h[:n]
+        torch.minimum(torch.minimum(tm[0], tm[1], out=t), tm[2], out=t)
+        # the axis that steps: ties x, then y, then z
+        torch.eq(tm[0], t, out=fx)
+        torch.eq(tm[1], t, out=fy)
+        fy.addcmul_(fy, fx, value=-1.0)  # y and not x
+        torch.sub(1.0 - fx, fy, out=fz)
+        f = (fx, fy, fz)
+        for k in X:
+            tm[k].addcmul_(td[k], f[k])
+            rem[k].sub_(f[k])
+        idx = torch.addcmul(idx, dof[0], fx)
+        idx.addcmul_(dof[1], fy).addcmul_(dof[2], fz)
         if band:
-            v = v + sgn * step
-        go = (t < e) & inside
-        alive = go if alive is None else alive & go
-        n_alive = int(alive.sum())
+            for k in X:
+                vh[k].addcmul_(sgn[k], f[k])
+        # alive: the crossing is before t1 and the stepped axis had a voxel left in the brick
+        torch.lt(t, e, out=g)
+        nxt = torch.ge(torch.minimum(torch.minimum(rem[0], rem[1]), rem[2]), 0.0, out=h).mul_(g)
+        alive = nxt.clone() if alive is None else alive * nxt
+        n_alive = int(alive.count_nonzero())
         if n_alive == 0:
             break
-        if n_alive <= alive.numel() // 2:  # drop finished rows
+        if n_alive <= n // 2:  # drop finished rows
             keep = alive.nonzero().squeeze(1)
-            tm, td, rem, idx, dof, e = (x.index_select(-1, keep) for x in (tm, td, rem, idx, dof, e))
+
+            def sel(xs, keep=keep):
+                return [x.index_select(0, keep) for x in xs]
+
+            tm, td, rem, dof = sel(tm), sel(td), sel(rem), sel(dof)
+            idx, e = sel((idx, e))
             if band:
-                v, sgn, r = (x.index_select(-1, keep) for x in (v, sgn, r))
-                if o.shape[1] > 1:
-                    o = o.index_select(1, keep)
+                vh, sgn = sel(vh), sel(sgn)
+                (r,) = sel((r,))
+                if o[0].numel() > 1:
+                    o = sel(o)
                 if plane is not None:
-                    plane = tuple(x.index_select(-1, keep) for x in plane)
+                    plane = tuple(sel(plane))
             alive = None
         record(alive)
-    if not parts_i:
-        return
     idx = torch.cat(parts_i).to(torch.int64)
     if mode == MISS:
-        hit = torch.cat(parts_v)  # 1 for crossed voxels, 0 for finished rows (their idx is 0)
-        if idx.device.type == "cpu":  # max with 0 leaves a flag as it is: no compaction
-            out[0].scatter_reduce_(0, idx, hit, reduce="amax")
-        else:
-            out[0].index_fill_(0, idx[hit.bool()], 1)
+        out[0].index_fill_(0, idx[torch.cat(parts_v) != 0], 1)
     else:
         out[0].index_add_(0, idx, torch.cat(parts_v))
         out[1].index_add_(0, idx, torch.cat(parts_w))
