@@ -41,7 +41,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from . import graphs
 from .errors import Conflict, InvalidArgument, InvalidArgumentType
+from .kernels.dispatch import triton_twin, use_triton
 from .kernels.marching import (
     BLOCK_BIAS,
     BLOCK_BITS,
@@ -509,9 +511,105 @@ def _mesh_blocks(layer: BrickLayer, s: float, req: torch.Tensor, with_color: boo
     dev = layer.device
     nbr = neighbour_slots(layer, req)
     _check_key_range(req, nbr[:, 13] >= 0)
-    table, count = _tables(dev)
-    result = marching_cubes(req, nbr, layer.pool, table, count, s, with_color)
+    result = _marching_cubes_graphed(req, nbr, layer.pool, s, with_color)
+    if result is None:
+        table, count = _tables(dev)
+        result = marching_cubes(req, nbr, layer.pool, table, count, s, with_color)
     return _assemble(result, req, dev, with_color, layer.version, s, partial)
+
+
+# ----------------------------------------------------------------------------------------------------
+# CUDA graphs (mapper.graphs): a short brick list (an incremental mesh) is launch-bound, so its marching
+# cubes replays one graph per power-of-two bucket of the list; longer lists (full meshes) run eagerly
+
+GRAPH_MIN_BRICKS = 64  # the smallest bucket
+GRAPH_MAX_BRICKS = 4096  # longer lists run eagerly (GPU-bound there; bounds the graphs' memory)
+GRAPH_TRI_PER_BRICK = 32  # triangle capacity per bucket brick; a list with more runs eagerly
+GRAPH_PAGES = 1024  # pool pages a graph's tables hold (2^24 bricks at 16 k per page); more run eagerly
+_BIG = 1 << 62
+
+
+def _mc_graph_inputs(key, dev: torch.device) -> tuple[torch.Tensor, ...]:
+    """A bucket's static inputs, holding an empty list (no cell reads a page)."""
+    mb, _with_color = key
+    table, count = _tables(dev)
+    i64 = torch.int64
+    return (
+        torch.zeros((mb, 3), dtype=i64, device=dev),
+        torch.full((mb, 27), -1, dtype=i64, device=dev),
+        torch.full((GRAPH_PAGES + 1,), _BIG, dtype=i64, device=dev),
+        *(torch.zeros(GRAPH_PAGES, dtype=i64, device=dev) for _ in range(4)),
+        torch.ones(1, dtype=torch.float64, device=dev),
+        table.to(torch.int32).reshape(-1).contiguous(),
+        count.to(torch.int32).contiguous(),
+    )
+
+
+def _mc_graph_fn(key, *inputs):
+    mb, with_color = key
+    fn = triton_twin("triton_mesh:marching_cubes_static_triton")
+    return fn(*inputs, tri_cap=mb * GRAPH_TRI_PER_BRICK, with_color=with_color)
+
+
+MC_GRAPHS = graphs.GraphedOp("marching_cubes", _mc_graph_fn, _mc_graph_inputs, max_graphs=16)
+
+
+def _graph_buckets() -> list[int]:
+    b, out = GRAPH_MIN_BRICKS, []
+    while b <= GRAPH_MAX_BRICKS:
+        out.append(b)
+        b *= 2
+    return out
+
+
+def warm_graphs(layer: BrickLayer) -> int:
+    """Capture the marching-cubes graphs a TSDF layer's meshes use (every bucket; called by the map's
+    warm-up, so no capture happens mid-sequence); returns how many are ready (0 where graphs don't apply)."""
+    dev = layer.device
+    if not (graphs.enabled(dev) and use_triton(dev)):
+        return 0
+    with_color = "color" in layer.pool.fields and "color_weight" in layer.pool.fields
+    return sum(MC_GRAPHS.warm((mb, with_color), dev) for mb in _graph_buckets())
+
+
+def _marching_cubes_graphed(req: torch.Tensor, nbr: torch.Tensor, pool, s: float, with_color: bool):
+    """``marching_cubes``'s result from a graph replay (one read-back: the triangle and vertex counts), or
+    None where graphs do not apply (CPU, interpreter, ``MAPPER_CUDA_GRAPHS=0``, a list outside the
+    buckets, too many pages, more triangles than the bucket holds): the caller runs the eager op."""
+    dev = req.device
+    m = req.shape[0]
+    if not (0 < m <= GRAPH_MAX_BRICKS and graphs.enabled(dev) and use_triton(dev)):
+        return None
+    starts = pool.page_start_table()
+    n_pages = starts.numel() - 1
+    if n_pages > GRAPH_PAGES:
+        return None
+    mb = graphs.bucket(m, GRAPH_MIN_BRICKS)
+    names = ("tsdf", "weight", "color", "color_weight") if with_color else ("tsdf", "weight")
+
+    def fill(inp):
+        inp[0][:m].copy_(req)
+        inp[1][:m].copy_(nbr)
+        inp[1][m:].fill_(-1)
+        inp[2][: n_pages + 1].copy_(starts)
+        inp[2][n_pages + 1 :].fill_(_BIG)
+        for i, name in enumerate(names):
+            inp[3 + i][:n_pages].copy_(pool.page_table(name))
+        inp[7].fill_(s)
+
+    with MC_GRAPHS.run((mb, with_color), dev, fill) as out:
+        face_counts, keys, pos, nrm, col, faces, sizes = out
+        n_tri, nv = sizes.tolist()  # the one read-back
+        if n_tri > mb * GRAPH_TRI_PER_BRICK:
+            return None
+        return (
+            face_counts[:m].clone(),
+            keys[:nv].clone(),
+            pos[:nv].clone(),
+            nrm[:nv].clone(),
+            col[:nv].clone() if with_color else None,
+            faces[:n_tri].clone(),
+        )
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -145,6 +145,18 @@ def _envelope_variants(dev: torch.device) -> None:
         lower_envelope(f, start, torch.full((n,), 4, dtype=torch.int64, device=dev))
 
 
+def _graph_captures(m) -> None:
+    """CUDA graphs (``mapper.graphs``): capture the buckets of the map's graphed operations now (the
+    incremental mesh's marching cubes), so no capture happens mid-sequence; nothing where graphs do not
+    apply (CPU, interpreter, ``MAPPER_CUDA_GRAPHS=0``)."""
+    from . import graphs
+    from .mesh import warm_graphs
+
+    if m._tsdf is not None and graphs.enabled(m.device):
+        with graphs.warming():
+            warm_graphs(m._tsdf)
+
+
 def _run(config: dict, dev: torch.device, sizes) -> None:
     """The frame path at each scan size in ``sizes`` (azimuth columns x 16 beams; two sizes give the
     kernels' integer arguments other residues mod 16), then the coarse walk's buckets."""
@@ -188,5 +200,6 @@ def _run(config: dict, dev: torch.device, sizes) -> None:
     _coarse_buckets(m, dev)
     if m._esdf is not None:
         _envelope_variants(dev)
+    _graph_captures(m)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

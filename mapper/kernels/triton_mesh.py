@@ -413,3 +413,85 @@ def marching_cubes_triton(
         HAS_COLOR=with_color, IJB=IJ_BITS, KB=K_BITS, IJBIAS=IJ_BIAS, KBIAS=K_BIAS, BLOCK=block,
     )  # fmt: skip
     return face_counts, ukeys, pos, nrm, (col if with_color else None), inv.reshape(-1, 3)
+
+
+SENTINEL = (1 << 63) - 1  # sorts after every edge key
+
+
+def marching_cubes_static_triton(
+    bricks, nbr_slots, starts, tsdf_pt, w_pt, col_pt, cw_pt, prm, tab, cnt_tab,
+    *, tri_cap: int, with_color: bool,
+):  # fmt: skip
+    """:func:`marching_cubes_triton` over fixed shapes, without a host sync (what a CUDA graph captures).
+
+    Args (all on one CUDA device, or CPU tensors under the Triton interpreter):
+        bricks: int64 ``[Mb, 3]``; rows past the real list are ignored (their ``nbr_slots`` rows are -1).
+        nbr_slots: int64 ``[Mb, 27]`` (see ``marching.marching_cubes``); -1 rows have no cells.
+        starts: int64 ``[P + 1]`` the pool's page-start table, padded with values above every slot.
+        tsdf_pt, w_pt, col_pt, cw_pt: int64 ``[P]`` page tables (colour ones unused without colour).
+        prm: float64 ``[1]`` voxel size in metres.
+        tab: int32 ``[256 * T * 3]``, cnt_tab: int32 ``[256]``: the case table.
+        tri_cap: triangles the outputs hold (the faces of cells past it are not written: ``sizes[0] >
+            tri_cap`` tells the caller to run the unbounded op instead).
+        with_color: compute vertex colours.
+    Returns:
+        (face_counts int64 ``[Mb]``, keys int64 ``[K]``, pos float32 ``[K, 3]``, nrm float32 ``[K, 3]``,
+        col uint8 ``[K, 3]`` (zeros ``[0, 3]`` without colour), faces int64 ``[tri_cap, 3]``, sizes int64
+        ``[2]`` = (triangles, vertices)), ``K = 3 * tri_cap``: the first ``sizes[1]`` keys / vertices and
+        the first ``sizes[0]`` faces equal :func:`marching_cubes_triton`'s arrays (when it fits).
+    """
+    dev = bricks.device
+    m = bricks.shape[0]
+    n_pages = starts.numel() - 1
+    T = tab.numel() // (256 * 3)
+    k = 3 * tri_cap
+    npage = torch.empty((m, 27), dtype=torch.int64, device=dev)
+    nbase = torch.empty((m, 27), dtype=torch.int64, device=dev)
+    pblock = 256 if dev.type == "cuda" else 4096
+    _mc_pages_kernel[(triton.cdiv(m * 27, pblock),)](
+        nbr_slots, starts, n_pages, npage, nbase, m * 27, NP=PAGE_STEPS, BLOCK=pblock
+    )
+    case = torch.empty(m * 64, dtype=torch.int32, device=dev)
+    cnt = torch.empty(m * 64, dtype=torch.int32, device=dev)
+    BB = 4 if dev.type == "cuda" else 32
+    grid = (triton.cdiv(m, BB),)
+    _mc_count_kernel[grid](npage, nbase, tsdf_pt, w_pt, cnt_tab, case, cnt, m, BB=BB)
+    csum = torch.cumsum(cnt, 0)
+    off = csum - cnt
+    # cells whose triangles end past the capacity write none (the caller sees sizes[0] > tri_cap)
+    cnt_w = torch.where(csum <= tri_cap, cnt, torch.zeros_like(cnt))
+    keys = torch.full((k,), SENTINEL, dtype=torch.int64, device=dev)
+    owner = torch.zeros(k, dtype=torch.int32, device=dev)
+    _mc_write_kernel[grid](
+        bricks, case, cnt_w, off, tab, keys, owner, m,
+        T=T, IJB=IJ_BITS, KB=K_BITS, IJBIAS=IJ_BIAS, KBIAS=K_BIAS, BB=BB,
+    )  # fmt: skip
+    # weld without a size: sort, first of each run of equal keys, its rank = the vertex id
+    sk, perm = torch.sort(keys)
+    first = sk != SENTINEL
+    first[1:] &= sk[1:] != sk[:-1]
+    vid = torch.cumsum(first, 0) - 1
+    inv = torch.empty(k, dtype=torch.int64, device=dev).scatter_(0, perm, vid)
+    dst = torch.where(first, vid, torch.full_like(vid, k))  # non-first lanes write a spare last element
+    # lanes past the vertex count: brick 0's min voxel (a valid read, the result is sliced off)
+    safe = ((bricks[0] * 4) << torch.tensor([IJ_BITS + K_BITS + 2, K_BITS + 2, 2], device=dev)) + (
+        torch.tensor([0, IJ_BIAS << (K_BITS + 2), K_BIAS << 2], dtype=torch.int64, device=dev)
+    )
+    ukeys = safe.sum().expand(k + 1).clone().scatter_(0, dst, sk)[:k]
+    rep = torch.zeros(k + 1, dtype=torch.int64, device=dev).scatter_(0, dst, perm)[:k]
+    nv = first.sum()
+    lane = torch.arange(k, device=dev)
+    vb = torch.where(lane < nv, owner.index_select(0, rep), torch.zeros_like(owner))
+    pos = torch.empty((k, 3), dtype=torch.float32, device=dev)
+    nrm = torch.empty((k, 3), dtype=torch.float32, device=dev)
+    col = torch.empty((k, 3), dtype=torch.uint8, device=dev) if with_color else pos
+    block = 128 if dev.type == "cuda" else 1024
+    _mc_vertex_kernel[(triton.cdiv(k, block),)](
+        ukeys, vb, bricks, npage, nbase, tsdf_pt, w_pt, col_pt, cw_pt, prm, pos, nrm, col, k,
+        HAS_COLOR=with_color, IJB=IJ_BITS, KB=K_BITS, IJBIAS=IJ_BIAS, KBIAS=K_BIAS, BLOCK=block,
+    )  # fmt: skip
+    face_counts = cnt.view(m, 64).sum(1, dtype=torch.int64)
+    sizes = torch.stack((csum[-1].to(torch.int64), nv))
+    if not with_color:
+        col = torch.zeros((0, 3), dtype=torch.uint8, device=dev)
+    return face_counts, ukeys, pos, nrm, col, inv.view(tri_cap, 3), sizes
