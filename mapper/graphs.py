@@ -110,6 +110,7 @@ class GraphedOp:
     fn: Callable[..., tuple[torch.Tensor, ...]]  # fn(key, *inputs)
     make_inputs: Callable[[Hashable, torch.device], tuple[torch.Tensor, ...]]
     max_graphs: int = 16
+    replays: int = 0  # this op's replays (``stats()`` counts all ops')
     _graphs: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -141,19 +142,19 @@ class GraphedOp:
         buffers: copy out what you keep before leaving the block), or an eager call where graphs do not
         apply."""
         dev = torch.device(device)
-        if enabled(dev):
-            with self._lock:
-                g = self._entry(key, dev)
-                if g is not None and g.graph is not None:
-                    fill(g.inputs)
-                    g.graph.replay()
-                    _count("replays")
-                    yield g.outputs
-                    return
-        _count("eager")
-        inputs = self.make_inputs(key, dev)
-        fill(inputs)
-        yield tuple(self.fn(key, *inputs))
+        with self._lock:  # the static buffers (and inputs an op shares between buckets) take turns
+            g = self._entry(key, dev) if enabled(dev) else None
+            if g is not None and g.graph is not None:
+                fill(g.inputs)
+                g.graph.replay()
+                self.replays += 1
+                _count("replays")
+                yield g.outputs
+                return
+            _count("eager")
+            inputs = self.make_inputs(key, dev)
+            fill(inputs)
+            yield tuple(self.fn(key, *inputs))
 
     def _entry(self, key: Hashable, dev: torch.device) -> _Graph | None:
         """The graph of ``key`` on ``dev``, captured now if new and under the cap (lock held)."""

@@ -10,14 +10,28 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_mesh_kernel import assert_same_mesh, colour_of, patchy_map, sphere, with_kernels, write_field
+from test_mesh_kernel import (
+    assert_same_mesh,
+    colour_of,
+    patchy_map,
+    sphere,
+    with_kernels,
+    write_field,
+)
 
 from mapper import Map, graphs
 from mapper.kernels.marching import marching_cubes_torch
 from mapper.mesh import (
+    DELTA_GRAPHS,
+    GRAPH_BLOCKS_PER_CHANGED,
     GRAPH_MAX_BRICKS,
     GRAPH_TRI_PER_BRICK,
+    GRAPH_TRI_PER_CHANGED,
     MC_GRAPHS,
+    _assemble,
+    _delta_fill,
+    _delta_graph_inputs,
+    _delta_mesh,
     _mc_graph_inputs,
     _tables,
     apply_delta,
@@ -69,31 +83,32 @@ def _padded_inputs(m_map, mb: int):
     layer = m_map._tsdf
     dev = layer.device
     with_color = "color" in layer.pool.fields
-    req = torch.unique(layer.brick_table()[0], dim=0)
+    req = torch.unique(layer.brick_table()[0], dim=0)  # sorted by (i, j, k) = by block key
     nbr = neighbour_slots(layer, req)
     inp = _mc_graph_inputs((mb, with_color), dev)
     m, starts = req.shape[0], layer.pool.page_start_table()
     inp[0][:m], inp[1][:m] = req, nbr
-    inp[2][: starts.numel()] = starts
+    inp[2].fill_(m)
+    inp[3][: starts.numel()] = starts
     names = ("tsdf", "weight", "color", "color_weight") if with_color else ("tsdf", "weight")
     for i, name in enumerate(names):
-        inp[3 + i][: starts.numel() - 1] = layer.pool.page_table(name)
-    inp[7].fill_(m_map.voxel_size_m)
+        inp[4 + i][: starts.numel() - 1] = layer.pool.page_table(name)
+    inp[8].fill_(m_map.voxel_size_m)
     return inp, req, nbr
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=gpu)])
-def test_static_marching_cubes_equals_eager_op(device, monkeypatch):
-    """The fixed-shape op (what a graph captures) over a padded list = the eager Triton op and the torch
-    reference; a capacity too small is reported in ``sizes``, never written past."""
+def test_static_marching_cubes_equals_eager_op(device):
+    """The fixed-shape op (what a graph captures) over a padded list = the eager Triton op, its block
+    bookkeeping and the torch reference; a capacity too small or a brick out of the key range is reported
+    in ``sizes``, never written past."""
+    import os
+
     from mapper.kernels.triton_mesh import marching_cubes_static_triton, marching_cubes_triton
 
     dev = torch.device(device)
-    if dev.type == "cpu":
-        import os
-
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            pytest.skip("needs the Triton interpreter")
+    if dev.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs the Triton interpreter")
     m = patchy_map(dev)
     layer = m._tsdf
     n = torch.unique(layer.brick_table()[0], dim=0).shape[0]
@@ -103,21 +118,76 @@ def test_static_marching_cubes_equals_eager_op(device, monkeypatch):
     s = m.voxel_size_m
     eager = marching_cubes_triton(req, nbr, layer.pool, table, count, s, True)
     ref = marching_cubes_torch(req, nbr, layer.pool, table, count, s, True)
+    mesh = _assemble(eager, req, dev, True, layer.version, s, partial=True)
     n_tri = eager[5].shape[0]
-    assert n_tri > 200
-    fc, keys, pos, nrm, col, faces, sizes = marching_cubes_static_triton(
-        *inp, tri_cap=n_tri + 37, with_color=True
+    assert n_tri > 200 and mesh.removed_blocks.shape[0] > 10
+    out = marching_cubes_static_triton(*inp, tri_cap=n_tri + 37, with_color=True)
+    fc, keys, pos, nrm, col, faces, blocks, offsets, removed, sizes = out
+    nt, nv, nb, nr, bad = sizes.tolist()
+    assert (nt, nv, nb, nr, bad) == (
+        n_tri,
+        eager[1].numel(),
+        mesh.blocks.shape[0],
+        mesh.removed_blocks.shape[0],
+        0,
     )
-    nt, nv = sizes.tolist()
-    assert (nt, nv) == (n_tri, eager[1].numel())
     assert torch.equal(fc[:n], eager[0]) and int(fc[n:].abs().sum()) == 0
     for got, want in zip((keys[:nv], pos[:nv], nrm[:nv], col[:nv], faces[:nt]), eager[1:], strict=True):
         assert got.dtype == want.dtype and torch.equal(got, want)
+    assert torch.equal(req[blocks[:nb]], mesh.blocks) and torch.equal(req[removed[:nr]], mesh.removed_blocks)
+    assert torch.equal(offsets[:nb], mesh.block_face_offsets[1:])
     assert torch.equal(keys[:nv], ref[1]) and torch.equal(faces[:nt], ref[5])
     torch.testing.assert_close(pos[:nv], ref[2], rtol=0, atol=1e-6)
-    # too small a capacity: the count says so; the faces held are a prefix of the true ones' cells
+    # too small a capacity: the count says so, nothing is written past it
     small = marching_cubes_static_triton(*inp, tri_cap=n_tri // 3, with_color=True)
-    assert small[6].tolist()[0] == n_tri and small[5].shape == (n_tri // 3, 3)
+    assert small[9].tolist()[0] == n_tri and small[5].shape == (n_tri // 3, 3)
+    # a present brick past the edge-key range (k >= 2^19 - 4): flagged, and it meshes nothing
+    inp[0][n] = torch.tensor([0, 0, (1 << 17) - 1])
+    inp[1][n] = nbr[int(eager[0].argmax())]
+    inp[2].fill_(n + 1)
+    out = marching_cubes_static_triton(*inp, tri_cap=n_tri + 37, with_color=True)
+    assert out[9].tolist()[:2] == [n_tri, nv] and out[9].tolist()[4] == 1 and int(out[0][n]) == 0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=gpu)])
+def test_static_delta_mesh_equals_mesh_since(device, monkeypatch):
+    """The fixed-shape delta op (changed bricks -> neighbourhoods -> lookup -> marching cubes -> blocks)
+    gives exactly the eager ``mesh_since``; too small a block capacity is reported (and declined)."""
+    import os
+
+    from mapper.kernels.triton_mesh import changed_mesh_static_triton
+
+    dev = torch.device(device)
+    if dev.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs the Triton interpreter")
+    monkeypatch.setenv(graphs.ENV, "0")
+    monkeypatch.setenv("MAPPER_KERNELS", "triton")  # the eager Triton path (interpreted on the CPU)
+    m = Map(0.05, layers=("tsdf", "color"), device=dev, warmup=False)  # several small pages
+    m._tsdf.pool.first_page_bricks, m._tsdf.pool.page_bricks = 16, 64
+    s = m.voxel_size_m
+    write_field(m, sphere((0.01, 0.02, -0.01), 0.3), (-0.4,) * 3, (0.4,) * 3, color_fn=colour_of)
+    layer = m._tsdf
+    v = layer.version
+    write_field(m, sphere((0.3, 0.1, 0.0), 0.12), (0.1, -0.1, -0.2), (0.5, 0.3, 0.2), color_fn=colour_of)
+    eager = mesh_since(layer, s, v)
+    assert eager.num_faces > 100 and eager.removed_blocks.shape[0] > 0 and len(layer.pool.page_starts) > 3
+    changed = (layer.slots >= 0) & (layer.brick_versions > v)
+    cpos = changed.reshape(-1).nonzero().squeeze(1)
+    cb = graphs.bucket(cpos.numel())
+    inp = _delta_graph_inputs((cb, True), dev)
+    _delta_fill(layer, s, cpos, True)(inp)
+    out = changed_mesh_static_triton(
+        *inp, m_cap=cb * GRAPH_BLOCKS_PER_CHANGED, tri_cap=cb * GRAPH_TRI_PER_CHANGED, with_color=True
+    )
+    got = _delta_mesh(out, layer, s, v, True, cb)
+    assert got is not None and got.equals(eager) and got.since_version == v
+    assert_same_mesh(got, with_kernels("torch", mesh_since, layer, s, v), exact=False)
+    n_req = out[-1].tolist()[5]
+    assert n_req == eager.blocks.shape[0] + eager.removed_blocks.shape[0]
+    small = changed_mesh_static_triton(
+        *inp, m_cap=n_req - 1, tri_cap=cb * GRAPH_TRI_PER_CHANGED, with_color=True
+    )
+    assert small[-1].tolist()[6] == 1 and _delta_mesh(small, layer, s, v, True, cb) is None
 
 
 @gpu
@@ -173,11 +243,12 @@ def test_graphed_incremental_mesh_equals_eager_reference_and_full(monkeypatch):
     (``MAPPER_CUDA_GRAPHS=0``), patch to the full extraction, match the torch reference, and no graph is
     captured after the warm-up."""
     dev = torch.device("cuda")
-    m = Map(0.05, layers=("tsdf", "color"), device=dev)  # warm-up: captures the mesh buckets
-    assert len(MC_GRAPHS.captured(m._tsdf.device)) >= 7
+    # a configuration of its own: its warm-up runs here and captures the mesh buckets (if not yet)
+    m = Map(0.05, layers=("tsdf", "color"), device=dev, max_range_m=7.5)
+    assert len(MC_GRAPHS.captured(m._tsdf.device)) >= 6 and len(DELTA_GRAPHS.captured(m._tsdf.device)) >= 5
     layer = m._tsdf
     cur = extract_mesh(layer, m.voxel_size_m)
-    before = graphs.stats()
+    before, deltas = graphs.stats(), DELTA_GRAPHS.replays
     for _ in _frames(m, 8, seed=5):
         delta = m.mesh(since_version=cur.version)
         with monkeypatch.context() as mp:
@@ -191,7 +262,8 @@ def test_graphed_incremental_mesh_equals_eager_reference_and_full(monkeypatch):
     after = graphs.stats()
     assert cur.num_faces > 500
     assert after["late_captures"] == before["late_captures"] and after["failed"] == before["failed"]
-    assert after["replays"] >= before["replays"] + 16  # each delta and each full mesh of < 4096 bricks
+    assert after["replays"] >= before["replays"] + 16  # each delta and each full mesh of <= 2048 bricks
+    assert DELTA_GRAPHS.replays >= deltas + 6  # the deltas without a removed brick: changed bricks -> mesh
 
 
 @gpu
