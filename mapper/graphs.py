@@ -55,6 +55,13 @@ def enabled(device: torch.device | str) -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") != "1" and torch.cuda.is_available()
 
 
+def _device_key(dev: torch.device) -> str:
+    """``cuda`` and ``cuda:<current>`` are one device: one set of graphs."""
+    if dev.type == "cuda" and dev.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(dev)
+
+
 def bucket(n: int, minimum: int = 64) -> int:
     """The bucket of a size ``n``: the next power of two >= max(n, ``minimum``)."""
     n = max(int(n), int(minimum), 1)
@@ -116,7 +123,7 @@ class GraphedOp:
 
     def captured(self, device: torch.device | str | None = None) -> list:
         """The keys (bucket, device) with a live graph."""
-        dev = None if device is None else str(torch.device(device))
+        dev = None if device is None else _device_key(torch.device(device))
         return [k for k, g in self._graphs.items() if g.graph is not None and dev in (None, k[1])]
 
     def clear(self) -> None:
@@ -158,7 +165,7 @@ class GraphedOp:
 
     def _entry(self, key: Hashable, dev: torch.device) -> _Graph | None:
         """The graph of ``key`` on ``dev``, captured now if new and under the cap (lock held)."""
-        k = (key, str(dev))
+        k = (key, _device_key(dev))
         g = self._graphs.get(k)
         if g is not None or len(self._graphs) >= self.max_graphs:
             return g
