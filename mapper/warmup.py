@@ -146,8 +146,8 @@ def _envelope_variants(dev: torch.device) -> None:
 
 
 def _graph_captures(m) -> None:
-    """CUDA graphs (``mapper.graphs``): capture the buckets of the map's graphed operations now (the
-    incremental mesh's marching cubes), so no capture happens mid-sequence; nothing where graphs do not
+    """CUDA graphs (``mapper.graphs``): capture every bucket of the map's graphed operations (the meshes)
+    first, so neither the frame path below nor a later frame captures one; nothing where graphs do not
     apply (CPU, interpreter, ``MAPPER_CUDA_GRAPHS=0``)."""
     from . import graphs
     from .mesh import warm_graphs
@@ -163,6 +163,7 @@ def _run(config: dict, dev: torch.device, sizes) -> None:
     from .map import Map
 
     m = Map(**config, device=dev, warmup=False)
+    _graph_captures(m)
     s = m.voxel_size_m
     version = None
     for k, n_az in enumerate(sizes):
@@ -200,6 +201,5 @@ def _run(config: dict, dev: torch.device, sizes) -> None:
     _coarse_buckets(m, dev)
     if m._esdf is not None:
         _envelope_variants(dev)
-    _graph_captures(m)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

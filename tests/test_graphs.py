@@ -243,12 +243,14 @@ def test_graphed_incremental_mesh_equals_eager_reference_and_full(monkeypatch):
     (``MAPPER_CUDA_GRAPHS=0``), patch to the full extraction, match the torch reference, and no graph is
     captured after the warm-up."""
     dev = torch.device("cuda")
-    # a configuration of its own: its warm-up runs here and captures the mesh buckets (if not yet)
+    before = graphs.stats()
+    # a configuration of its own: its warm-up runs here and captures the mesh buckets (if not yet) before
+    # its own meshes
     m = Map(0.05, layers=("tsdf", "color"), device=dev, max_range_m=7.5)
     assert len(MC_GRAPHS.captured(m._tsdf.device)) >= 6 and len(DELTA_GRAPHS.captured(m._tsdf.device)) >= 5
     layer = m._tsdf
     cur = extract_mesh(layer, m.voxel_size_m)
-    before, deltas = graphs.stats(), DELTA_GRAPHS.replays
+    deltas = DELTA_GRAPHS.replays
     for _ in _frames(m, 8, seed=5):
         delta = m.mesh(since_version=cur.version)
         with monkeypatch.context() as mp:
