@@ -16,9 +16,12 @@ them once and replays them as one launch. A graph replays fixed addresses and si
   maps capture their buckets at warm-up (:func:`warming`, called from :mod:`mapper.warmup`). A capture
   outside a warm-up still happens (once per bucket) but is counted in :func:`stats` as ``late_captures``;
   the GPU tests fail on one;
-* memory is bounded: each graph owns a private memory pool (its intermediates), an operation keeps at most
-  ``max_graphs`` graphs and callers only graph buckets up to a size where launches dominate (beyond it,
-  eager work is GPU-bound anyway).
+* memory is bounded: the graphs of an operation share one memory pool per device (their replays take
+  turns under the operation's lock, and a caller reads a replay's outputs before the next replay, so one
+  graph's intermediates may reuse another's memory, as torch's docs allow for graphs never replayed
+  concurrently; a replay on another stream first waits for the previous call's reads), an operation keeps
+  at most ``max_graphs`` graphs and callers only graph buckets up to a size where launches dominate
+  (beyond it, eager work is GPU-bound anyway).
 
 Replays run on the caller's current stream. Where graphs do not apply — CPU tensors, the Triton
 interpreter (``TRITON_INTERPRET=1``), ``MAPPER_CUDA_GRAPHS=0``, a bucket over the cap, or a capture that
@@ -120,6 +123,8 @@ class GraphedOp:
     replays: int = 0  # this op's replays (``stats()`` counts all ops')
     _graphs: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _pools: dict = field(default_factory=dict, repr=False)  # device -> the memory pool its graphs share
+    _done: dict = field(default_factory=dict, repr=False)  # device -> event after the last call's reads
 
     def captured(self, device: torch.device | str | None = None) -> list:
         """The keys (bucket, device) with a live graph."""
@@ -130,6 +135,8 @@ class GraphedOp:
         """Drop every graph (and its memory pool)."""
         with self._lock:
             self._graphs.clear()
+            self._pools.clear()
+            self._done.clear()
 
     def warm(self, key: Hashable, device: torch.device | str) -> bool:
         """Capture ``key`` on ``device`` now (a warm-up capture); True when a graph is ready."""
@@ -152,11 +159,18 @@ class GraphedOp:
         with self._lock:  # the static buffers (and inputs an op shares between buckets) take turns
             g = self._entry(key, dev) if enabled(dev) else None
             if g is not None and g.graph is not None:
+                dk = _device_key(dev)
+                stream = torch.cuda.current_stream(dev)
+                if dk in self._done:  # a caller on another stream may still be reading the buffers
+                    stream.wait_event(self._done[dk])
                 fill(g.inputs)
                 g.graph.replay()
                 self.replays += 1
                 _count("replays")
-                yield g.outputs
+                try:
+                    yield g.outputs
+                finally:
+                    self._done[dk] = stream.record_event()
                 return
             _count("eager")
             inputs = self.make_inputs(key, dev)
@@ -194,7 +208,8 @@ class GraphedOp:
                     self.fn(key, *inputs)
             torch.cuda.current_stream(dev).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            pool = self._pools.setdefault(_device_key(dev), torch.cuda.graph_pool_handle())
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                 outputs = tuple(self.fn(key, *inputs))
             torch.cuda.synchronize(dev)
         return _Graph(graph, inputs, outputs)
