@@ -211,5 +211,6 @@ class GraphedOp:
             pool = self._pools.setdefault(_device_key(dev), torch.cuda.graph_pool_handle())
             with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                 outputs = tuple(self.fn(key, *inputs))
+            graph.replay()  # the first launch uploads the graph (~1 ms): not in a caller's frame
             torch.cuda.synchronize(dev)
         return _Graph(graph, inputs, outputs)

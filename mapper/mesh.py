@@ -529,8 +529,10 @@ GRAPH_TRI_PER_BRICK = 32  # triangle capacity per bucket brick; a list with more
 GRAPH_PAGES = 1024  # pool pages a graph's tables hold (2^24 bricks at 16 k per page); more run eagerly
 # deltas: one graph from the changed bricks to the mesh, per bucket of the changed-brick count
 GRAPH_MAX_CHANGED = 1024  # more changed bricks: the eager path
-GRAPH_BLOCKS_PER_CHANGED = 8  # block capacity (the 27-neighbourhoods, present and unique) per changed brick
-GRAPH_TRI_PER_CHANGED = 64  # triangle capacity per changed brick
+# capacities per changed brick of a bucket (a room's depth frame at 5 cm: ~3 blocks and ~23 triangles per
+# changed brick); a delta that does not fit replays the next bucket (twice the capacity)
+GRAPH_BLOCKS_PER_CHANGED = 4  # blocks (the 27-neighbourhoods, present and unique)
+GRAPH_TRI_PER_CHANGED = 32  # triangles
 GRAPH_LEAVES = 1 << 19  # grid leaves the graphs' copy of the grid holds (shared by the buckets)
 GRAPH_TILES = 1 << 16
 _BIG = 1 << 62
@@ -697,8 +699,14 @@ def _mesh_since_graphed(layer, s: float, since: int, changed: torch.Tensor, with
     if not 0 < c <= GRAPH_MAX_CHANGED:
         return None
     cb = graphs.bucket(c, GRAPH_MIN_BRICKS)
-    with DELTA_GRAPHS.run((cb, with_color), dev, _delta_fill(layer, s, cpos, with_color)) as out:
-        return _delta_mesh(out, layer, s, since, with_color, cb)
+    fill = _delta_fill(layer, s, cpos, with_color)
+    while True:
+        with DELTA_GRAPHS.run((cb, with_color), dev, fill) as out:
+            sizes = out[-1].tolist()  # the one read-back after the replay
+            mesh = _delta_mesh(out, layer, s, since, with_color, cb, sizes)
+        if mesh is not None or sizes[4] or cb >= GRAPH_MAX_CHANGED:
+            return mesh  # None: a brick outside the key range (the eager path raises) or too big
+        cb *= 2  # more blocks or triangles than the bucket holds: the next one holds twice as many
 
 
 def _delta_fill(layer, s: float, cpos: torch.Tensor, with_color: bool):
@@ -720,10 +728,11 @@ def _delta_fill(layer, s: float, cpos: torch.Tensor, with_color: bool):
     return fill
 
 
-def _delta_mesh(out, layer, s: float, since: int, with_color: bool, cb: int) -> Mesh | None:
-    """The delta :class:`Mesh` of a delta graph's outputs (copied out), or None when they overflowed."""
-    _fc, keys, pos, nrm, col, faces, blocks, offsets, removed, req, sizes = out
-    n_tri, nv, nb, nr, bad, _n_req, over = sizes.tolist()  # the one read-back after the replay
+def _delta_mesh(out, layer, s: float, since: int, with_color: bool, cb: int, sizes=None) -> Mesh | None:
+    """The delta :class:`Mesh` of a delta graph's outputs (copied out), or None when they overflowed or a
+    brick is outside the key range; ``sizes``: the outputs' sizes as a list (read back here if None)."""
+    _fc, keys, pos, nrm, col, faces, blocks, offsets, removed, req, sizes_t = out
+    n_tri, nv, nb, nr, bad, _n_req, over = sizes_t.tolist() if sizes is None else sizes
     if over or bad or n_tri > cb * GRAPH_TRI_PER_CHANGED:
         return None
     dev = req.device

@@ -567,41 +567,40 @@ def changed_mesh_static_triton(
         1,
     )
     bc = lc * 2 + torch.stack(((b >> 2) & 1, (b >> 1) & 1, b & 1), 1)
+    # the slots of the changed bricks' 27 neighbours: which blocks of the neighbourhoods exist
+    block = 256 if dev.type == "cuda" else 4096
+    cn = torch.empty((c, 27), dtype=torch.int64, device=dev)
+    _mc_neighbours_kernel[(triton.cdiv(n, block),)](
+        bc, cn, c, tkeys, tmask, tstart, tkeys.numel(), slot_table, NT=TILE_STEPS, LIMIT=VOXEL_LIMIT,
+        BIAS=TILE_BIAS, AXB=TILE_AXIS_BITS, BLOCK=block,
+    )  # fmt: skip
     d = torch.arange(27, device=dev)
     off = torch.stack((d // 9 - 1, (d // 3) % 3 - 1, d % 3 - 1), 1)
     v = (bc[:, None, :] + off[None]).reshape(-1, 3) + BLOCK_BIAS
     keys = (v[:, 0] << (2 * BLOCK_BITS)) | (v[:, 1] << BLOCK_BITS) | v[:, 2]
-    keys = torch.where(valid[:, None].expand(c, 27).reshape(-1), keys, torch.full_like(keys, SENTINEL))
+    keep = ((cn >= 0) & valid[:, None]).reshape(-1)
+    keys = torch.where(keep, keys, torch.full_like(keys, SENTINEL))
+    # the present blocks: unique keys, sorted (padding last)
     sk, _ = torch.sort(keys)
     first = sk != SENTINEL
     first[1:] &= sk[1:] != sk[:-1]
+    n_req = first.sum()
     uk = _compact(
         first, torch.cumsum(first, 0) - 1, sk, torch.full((n + 1,), SENTINEL, dtype=torch.int64, device=dev)
     )
+    if m_cap > n:  # pad (a bucket never holds more blocks than its neighbourhoods)
+        uk = torch.cat((uk, torch.full((m_cap - n,), SENTINEL, dtype=torch.int64, device=dev)))
+    uk = uk[:m_cap]
     bm = (1 << BLOCK_BITS) - 1
-    ub = torch.stack(((uk >> (2 * BLOCK_BITS)) & bm, (uk >> BLOCK_BITS) & bm, uk & bm), 1) - BLOCK_BIAS
-    # padding keys decode far outside the map: the lookup finds nothing there
-    nbr = torch.empty((n, 27), dtype=torch.int64, device=dev)
-    block = 256 if dev.type == "cuda" else 4096
-    _mc_neighbours_kernel[(triton.cdiv(n * 27, block),)](
-        ub, nbr, n, tkeys, tmask, tstart, tkeys.numel(), slot_table, NT=TILE_STEPS, LIMIT=VOXEL_LIMIT,
+    req = torch.stack(((uk >> (2 * BLOCK_BITS)) & bm, (uk >> BLOCK_BITS) & bm, uk & bm), 1) - BLOCK_BIAS
+    # their 27 neighbours' slots; padding rows (decoded far outside the map) have none
+    nreq = torch.empty((m_cap, 27), dtype=torch.int64, device=dev)
+    _mc_neighbours_kernel[(triton.cdiv(m_cap * 27, block),)](
+        req, nreq, m_cap, tkeys, tmask, tstart, tkeys.numel(), slot_table, NT=TILE_STEPS, LIMIT=VOXEL_LIMIT,
         BIAS=TILE_BIAS, AXB=TILE_AXIS_BITS, BLOCK=block,
     )  # fmt: skip
-    present = nbr[:, 13] >= 0
-    idx = _compact(
-        present,
-        torch.cumsum(present, 0) - 1,
-        torch.arange(n, device=dev),
-        torch.zeros(n + 1, dtype=torch.int64, device=dev),
-    )[:m_cap]
-    n_req = present.sum()
     rows = torch.arange(m_cap, device=dev)
-    req = ub.index_select(0, idx)
-    nreq = torch.where(
-        (rows < n_req)[:, None],
-        nbr.index_select(0, idx),
-        torch.full((m_cap, 27), -1, dtype=torch.int64, device=dev),
-    )
+    nreq = torch.where((rows < n_req)[:, None], nreq, torch.full_like(nreq, -1))
     out = marching_cubes_static_triton(
         req, nreq, n_req.reshape(1), starts, tsdf_pt, w_pt, col_pt, cw_pt, prm, tab, cnt_tab,
         tri_cap=tri_cap, with_color=with_color,
