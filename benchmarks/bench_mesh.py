@@ -137,6 +137,13 @@ def bench_incremental(args, dev, lines, sensor):
         row(f"incremental `Map.mesh(since_version)` after each {sensor} frame, {s * 100:g} cm", ts, note)
     )
     print(lines[-1], flush=True)
+    slow = sorted(zip(ts, blocks, faces, strict=True), reverse=True)[:3]
+    lines.append(
+        "|   slowest frames (ms, blocks, triangles) | | | | | "
+        + "; ".join(f"{t:.3f}, {b:,}, {f:,}" for t, b, f in slow)
+        + f"; graphs {graphs.stats()} |"
+    )
+    print(lines[-1], flush=True)
 
 
 def bench_graphs(args, dev, lines):
