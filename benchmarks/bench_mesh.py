@@ -115,15 +115,19 @@ def bench_incremental(args, dev, lines, sensor):
 
     frame(0)
     version = m.mesh().version
-    ts, faces, blocks = [], [], []
+    ts, faces, blocks, extra = [], [], [], []
+    layer = m._tsdf
     for i in range(1, args.frames):
         frame(i)
+        changed = int(((layer.slots >= 0) & (layer.brick_versions > version)).sum())  # not timed
+        r0 = graphs.stats()["replays"]
         ms, d = wall(lambda v=version: m.mesh(since_version=v), dev)
         version = d.version
         if i > args.warmup:
             ts.append(ms)
             faces.append(d.num_faces)
             blocks.append(d.blocks.shape[0] + d.removed_blocks.shape[0])
+            extra.append(f"frame {i}: {changed} changed, {graphs.stats()['replays'] - r0} replays")
     if args.profile:
         frame(args.frames - 1)
         profile_stages(m, version, dev, args, lines)
@@ -137,10 +141,10 @@ def bench_incremental(args, dev, lines, sensor):
         row(f"incremental `Map.mesh(since_version)` after each {sensor} frame, {s * 100:g} cm", ts, note)
     )
     print(lines[-1], flush=True)
-    slow = sorted(zip(ts, blocks, faces, strict=True), reverse=True)[:3]
+    slow = sorted(zip(ts, blocks, faces, extra, strict=True), reverse=True)[:3]
     lines.append(
         "|   slowest frames (ms, blocks, triangles) | | | | | "
-        + "; ".join(f"{t:.3f}, {b:,}, {f:,}" for t, b, f in slow)
+        + "; ".join(f"{t:.3f}, {b:,}, {f:,} ({e})" for t, b, f, e in slow)
         + f"; graphs {graphs.stats()} |"
     )
     print(lines[-1], flush=True)

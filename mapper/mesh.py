@@ -528,7 +528,7 @@ GRAPH_MAX_BRICKS = 2048  # longer lists run eagerly (GPU-bound there; bounds the
 GRAPH_TRI_PER_BRICK = 32  # triangle capacity per bucket brick; a list with more runs eagerly
 GRAPH_PAGES = 1024  # pool pages a graph's tables hold (2^24 bricks at 16 k per page); more run eagerly
 # deltas: one graph from the changed bricks to the mesh, per bucket of the changed-brick count
-GRAPH_MAX_CHANGED = 1024  # more changed bricks: the eager path
+GRAPH_MAX_CHANGED = 2048  # more changed bricks: the eager path (a depth frame at 5 cm: 700-1100)
 # capacities per changed brick of a bucket (a room's depth frame at 5 cm: ~3 blocks and ~23 triangles per
 # changed brick); a delta that does not fit replays the next bucket (twice the capacity)
 GRAPH_BLOCKS_PER_CHANGED = 4  # blocks (the 27-neighbourhoods, present and unique)
