@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_outputs import shell_map  # noqa: E402
 
-from mapper import Map, sim  # noqa: E402
+from mapper import Map, graphs, sim  # noqa: E402
 from mapper.kernels.dispatch import use_triton  # noqa: E402
 from mapper.kernels.marching import changed_neighbourhood_keys, marching_cubes  # noqa: E402
 from mapper.mesh import _tables, neighbour_slots  # noqa: E402
@@ -115,15 +115,19 @@ def bench_incremental(args, dev, lines, sensor):
 
     frame(0)
     version = m.mesh().version
-    ts, faces, blocks = [], [], []
+    ts, faces, blocks, extra = [], [], [], []
+    layer = m._tsdf
     for i in range(1, args.frames):
         frame(i)
+        changed = int(((layer.slots >= 0) & (layer.brick_versions > version)).sum())  # not timed
+        r0 = graphs.stats()["replays"]
         ms, d = wall(lambda v=version: m.mesh(since_version=v), dev)
         version = d.version
         if i > args.warmup:
             ts.append(ms)
             faces.append(d.num_faces)
             blocks.append(d.blocks.shape[0] + d.removed_blocks.shape[0])
+            extra.append(f"frame {i}: {changed} changed, {graphs.stats()['replays'] - r0} replays")
     if args.profile:
         frame(args.frames - 1)
         profile_stages(m, version, dev, args, lines)
@@ -137,6 +141,40 @@ def bench_incremental(args, dev, lines, sensor):
         row(f"incremental `Map.mesh(since_version)` after each {sensor} frame, {s * 100:g} cm", ts, note)
     )
     print(lines[-1], flush=True)
+    slow = sorted(zip(ts, blocks, faces, extra, strict=True), reverse=True)[:3]
+    lines.append(
+        "|   slowest frames (ms, blocks, triangles) | | | | | "
+        + "; ".join(f"{t:.3f}, {b:,}, {f:,} ({e})" for t, b, f, e in slow)
+        + f"; graphs {graphs.stats()} |"
+    )
+    print(lines[-1], flush=True)
+
+
+def bench_graphs(args, dev, lines):
+    """What the marching-cubes graphs cost: capture time and GPU memory of every bucket (a fresh map's
+    TSDF layer, with and without colour; what a map's warm-up adds)."""
+    from mapper import mesh as mm
+
+    if dev.type != "cuda" or not graphs.enabled(dev):
+        lines.append("| graphs: not on this device / disabled | | | | | |")
+        return
+    for layers in (("tsdf",), ("tsdf", "color")):
+        m = Map(args.voxel, layers=layers, device=dev, warmup=False)
+        mm.MC_GRAPHS.clear()
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+        a0, r0 = torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
+        t0 = time.perf_counter()
+        with graphs.warming():
+            n = mm.warm_graphs(m._tsdf)
+        dt = time.perf_counter() - t0
+        a1, r1 = torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
+        lines.append(
+            f"| capture of the marching-cubes graphs, layers {'+'.join(layers)} | {dt * 1e3:.1f} | | | {n} | "
+            f"buckets {mm._graph_buckets()[0]}..{mm.GRAPH_MAX_BRICKS} bricks; GPU memory "
+            f"+{(a1 - a0) / 2**20:.0f} MiB allocated, +{(r1 - r0) / 2**20:.0f} MiB reserved |"
+        )
+        print(lines[-1], flush=True)
 
 
 def profile_stages(m, version, dev, args, lines):
@@ -228,6 +266,7 @@ def main(argv=None):
         f"- hardware: {hw}; CPU threads: {torch.get_num_threads()}; cores: {os.cpu_count()}",
         f"- software: python {platform.python_version()}, torch {torch.__version__}; kernels: "
         f"{'Triton' if use_triton(dev) else 'torch reference'}",
+        f"- CUDA graphs (`MAPPER_CUDA_GRAPHS`): {'on' if graphs.enabled(dev) else 'off'}",
         f"- command: `python {' '.join(sys.argv)}`",
         "",
         "| case | median ms | p99 ms | max ms | n | note |",
@@ -236,6 +275,8 @@ def main(argv=None):
     print("\n".join(head), flush=True)
     lines = []
     parts = [bench_full] if "full" in args.parts else []
+    if "graphs" in args.parts:
+        parts.append(bench_graphs)
     if "incremental" in args.parts:
         parts += [lambda a, d, ls, sensor=x: bench_incremental(a, d, ls, sensor) for x in args.sensor]
     for part in parts:
@@ -245,7 +286,8 @@ def main(argv=None):
             lines.append(f"| failed: {e!r} | | | | | |")
             print(lines[-1], flush=True)
         if args.out:
-            Path(args.out).write_text("\n".join(head + lines) + "\n")
+            Path(args.out).write_text("\n".join(head + lines + ["", f"graphs: {graphs.stats()}"]) + "\n")
+    print(f"graphs: {graphs.stats()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from . import graphs
 from .errors import Conflict, InvalidArgument, InvalidArgumentType
+from .kernels.dispatch import triton_twin, use_triton
 from .kernels.marching import (
     BLOCK_BIAS,
     BLOCK_BITS,
@@ -508,10 +510,247 @@ def _mesh_blocks(layer: BrickLayer, s: float, req: torch.Tensor, with_color: boo
     no cells: their min corners are unobserved)."""
     dev = layer.device
     nbr = neighbour_slots(layer, req)
+    mesh = _mesh_graphed(layer, s, req, nbr, with_color, partial)
+    if mesh is not None:
+        return mesh
     _check_key_range(req, nbr[:, 13] >= 0)
     table, count = _tables(dev)
     result = marching_cubes(req, nbr, layer.pool, table, count, s, with_color)
     return _assemble(result, req, dev, with_color, layer.version, s, partial)
+
+
+# ----------------------------------------------------------------------------------------------------
+# CUDA graphs (mapper.graphs): a short brick list (an incremental mesh) is launch-bound, so its marching
+# cubes replays one graph per power-of-two bucket of the list; longer lists (full meshes) run eagerly
+
+GRAPH_MIN_BRICKS = 64  # the smallest bucket
+GRAPH_MAX_BRICKS = 2048  # longer lists run eagerly (GPU-bound there; bounds the graphs' memory)
+GRAPH_TRI_PER_BRICK = 32  # triangle capacity per bucket brick; a list with more runs eagerly
+GRAPH_PAGES = 1024  # pool pages a graph's tables hold (2^24 bricks at 16 k per page); more run eagerly
+# deltas: one graph from the changed bricks to the mesh, per bucket of the changed-brick count
+GRAPH_MAX_CHANGED = 2048  # more changed bricks: the eager path (a depth frame at 5 cm: 700-1100)
+# capacities per changed brick of a bucket (a room's depth frame at 5 cm: ~3 blocks and ~23 triangles per
+# changed brick); a delta that does not fit replays the next bucket (twice the capacity)
+GRAPH_BLOCKS_PER_CHANGED = 4  # blocks (the 27-neighbourhoods, present and unique)
+GRAPH_TRI_PER_CHANGED = 32  # triangles
+GRAPH_LEAVES = 1 << 19  # grid leaves the graphs' copy of the grid holds (shared by the buckets)
+GRAPH_TILES = 1 << 16
+_BIG = 1 << 62
+_SENTINEL = (1 << 63) - 1
+
+
+def _mc_graph_inputs(key, dev: torch.device) -> tuple[torch.Tensor, ...]:
+    """A bucket's static inputs, holding an empty list (no cell reads a page)."""
+    mb, _with_color = key
+    table, count = _tables(dev)
+    i64 = torch.int64
+    return (
+        torch.zeros((mb, 3), dtype=i64, device=dev),
+        torch.full((mb, 27), -1, dtype=i64, device=dev),
+        torch.zeros(1, dtype=i64, device=dev),
+        torch.full((GRAPH_PAGES + 1,), _BIG, dtype=i64, device=dev),
+        *(torch.zeros(GRAPH_PAGES, dtype=i64, device=dev) for _ in range(4)),
+        torch.ones(1, dtype=torch.float64, device=dev),
+        table.to(torch.int32).reshape(-1).contiguous(),
+        count.to(torch.int32).contiguous(),
+    )
+
+
+def _mc_graph_fn(key, *inputs):
+    mb, with_color = key
+    fn = triton_twin("triton_mesh:marching_cubes_static_triton")
+    return fn(*inputs, tri_cap=mb * GRAPH_TRI_PER_BRICK, with_color=with_color)
+
+
+MC_GRAPHS = graphs.GraphedOp("marching_cubes", _mc_graph_fn, _mc_graph_inputs, max_graphs=16)
+
+
+@functools.cache
+def _grid_buffers(dev: torch.device) -> tuple[torch.Tensor, ...]:
+    """The delta graphs' copy of a layer's grid and slot table (shared by every bucket: replays take turns
+    under the op's lock, each filling it first): leaf keys, tile keys (padded with the largest key), tile
+    masks, tile starts, slot table."""
+    i64 = torch.int64
+    return (
+        torch.zeros(GRAPH_LEAVES, dtype=i64, device=dev),
+        torch.full((GRAPH_TILES,), _SENTINEL, dtype=i64, device=dev),
+        torch.zeros(GRAPH_TILES, dtype=i64, device=dev),
+        torch.zeros(GRAPH_TILES + 1, dtype=i64, device=dev),
+        torch.full((GRAPH_LEAVES, 8), -1, dtype=torch.int32, device=dev),
+    )
+
+
+def _delta_graph_inputs(key, dev: torch.device) -> tuple[torch.Tensor, ...]:
+    """A delta bucket's static inputs, holding no changed brick."""
+    cb, with_color = key
+    return (
+        torch.full((cb,), -1, dtype=torch.int64, device=dev),
+        *_grid_buffers(dev),
+        *_mc_graph_inputs((1, with_color), dev)[3:],
+    )
+
+
+def _delta_graph_fn(key, *inputs):
+    cb, with_color = key
+    fn = triton_twin("triton_mesh:changed_mesh_static_triton")
+    return fn(
+        *inputs,
+        m_cap=cb * GRAPH_BLOCKS_PER_CHANGED,
+        tri_cap=cb * GRAPH_TRI_PER_CHANGED,
+        with_color=with_color,
+    )
+
+
+DELTA_GRAPHS = graphs.GraphedOp("mesh_delta", _delta_graph_fn, _delta_graph_inputs, max_graphs=16)
+
+
+def _graph_buckets(largest: int = GRAPH_MAX_BRICKS) -> list[int]:
+    b, out = GRAPH_MIN_BRICKS, []
+    while b <= largest:
+        out.append(b)
+        b *= 2
+    return out
+
+
+def warm_graphs(layer: BrickLayer) -> int:
+    """Capture the marching-cubes graphs a TSDF layer's meshes use (every bucket; called by the map's
+    warm-up, so no capture happens mid-sequence); returns how many are ready (0 where graphs don't apply)."""
+    dev = layer.device
+    if not (graphs.enabled(dev) and use_triton(dev)):
+        return 0
+    with_color = "color" in layer.pool.fields and "color_weight" in layer.pool.fields
+    n = sum(MC_GRAPHS.warm((mb, with_color), dev) for mb in _graph_buckets())
+    return n + sum(DELTA_GRAPHS.warm((cb, with_color), dev) for cb in _graph_buckets(GRAPH_MAX_CHANGED))
+
+
+def _mesh_graphed(layer, s: float, req: torch.Tensor, nbr: torch.Tensor, with_color: bool, partial: bool):
+    """The mesh of ``req`` (as ``_mesh_blocks``) from a graph replay of the marching cubes and the block
+    bookkeeping (one read-back: the sizes), or None where graphs do not apply (CPU, interpreter,
+    ``MAPPER_CUDA_GRAPHS=0``, a list outside the buckets, too many pages, more triangles than the bucket
+    holds, a brick out of the edge-key range): the caller runs the eager op (and raises on the range)."""
+    dev = req.device
+    m = req.shape[0]
+    if not (0 < m <= GRAPH_MAX_BRICKS and graphs.enabled(dev) and use_triton(dev)):
+        return None
+    pool = layer.pool
+    if pool.page_start_table().numel() - 1 > GRAPH_PAGES:
+        return None
+    mb = graphs.bucket(m, GRAPH_MIN_BRICKS)
+
+    def fill(inp):
+        inp[0][:m].copy_(req)
+        inp[1][:m].copy_(nbr)
+        inp[1][m:].fill_(-1)
+        inp[2].fill_(m)
+        _fill_pool(inp[3:9], pool, s, with_color)
+
+    with MC_GRAPHS.run((mb, with_color), dev, fill) as out:
+        _fc, keys, pos, nrm, col, faces, blocks, offsets, removed, sizes = out
+        n_tri, nv, nb, nr, bad = sizes.tolist()  # the one read-back
+        if n_tri > mb * GRAPH_TRI_PER_BRICK or bad:
+            return None
+        zero = torch.zeros(1, dtype=torch.int64, device=dev)
+        return Mesh(
+            vertices=pos[:nv].clone(),
+            faces=faces[:n_tri].to(torch.int32),
+            normals=nrm[:nv].clone(),
+            colors=col[:nv].clone() if with_color else None,
+            vertex_keys=keys[:nv].clone(),
+            blocks=req.index_select(0, blocks[:nb]),
+            block_face_offsets=torch.cat((zero, offsets[:nb])),
+            removed_blocks=req.index_select(0, removed[:nr]) if partial else req[:0],
+            version=layer.version,
+            full=not partial,
+            voxel_size_m=s,
+        )
+
+
+def _fill_pool(inp, pool, s: float, with_color: bool) -> None:
+    """Write a pool's page-start table (padded), page tables and the voxel size into a graph's inputs."""
+    starts = pool.page_start_table()
+    n_pages = starts.numel() - 1
+    inp[0][: n_pages + 1].copy_(starts)
+    inp[0][n_pages + 1 :].fill_(_BIG)
+    names = ("tsdf", "weight", "color", "color_weight") if with_color else ("tsdf", "weight")
+    for i, name in enumerate(names):
+        inp[1 + i][:n_pages].copy_(pool.page_table(name))
+    inp[5].fill_(s)
+
+
+def _mesh_since_graphed(layer, s: float, since: int, changed: torch.Tensor, with_color: bool):
+    """``mesh_since`` (no brick removed since ``since``; ``changed``: bool ``[L, 8]``) from one graph replay:
+    the changed bricks' neighbourhoods, their lookup, marching cubes and the block bookkeeping. Reads back
+    the changed-brick count and, after the replay, the sizes. None where graphs do not apply (see
+    :func:`_mesh_graphed`; also more than ``GRAPH_MAX_CHANGED`` changed bricks, more blocks or triangles
+    than the bucket holds, a grid over the graphs' copy): the caller runs the eager path."""
+    dev = layer.device
+    if not (graphs.enabled(dev) and use_triton(dev)):
+        return None
+    grid, pool = layer.grid, layer.pool
+    n_leaves = grid.num_leaves
+    if n_leaves == 0 or n_leaves > GRAPH_LEAVES or pool.page_start_table().numel() - 1 > GRAPH_PAGES:
+        return None
+    tiles = grid.tiles
+    n_tiles = tiles.keys.numel()
+    if n_tiles > GRAPH_TILES:
+        return None
+    cpos = changed.reshape(-1).nonzero().squeeze(1)  # the changed-brick count: one read-back
+    c = cpos.numel()
+    if not 0 < c <= GRAPH_MAX_CHANGED:
+        return None
+    cb = graphs.bucket(c, GRAPH_MIN_BRICKS)
+    fill = _delta_fill(layer, s, cpos, with_color)
+    while True:
+        with DELTA_GRAPHS.run((cb, with_color), dev, fill) as out:
+            sizes = out[-1].tolist()  # the one read-back after the replay
+            mesh = _delta_mesh(out, layer, s, since, with_color, cb, sizes)
+        if mesh is not None or sizes[4] or cb >= GRAPH_MAX_CHANGED:
+            return mesh  # None: a brick outside the key range (the eager path raises) or too big
+        cb *= 2  # more blocks or triangles than the bucket holds: the next one holds twice as many
+
+
+def _delta_fill(layer, s: float, cpos: torch.Tensor, with_color: bool):
+    """The ``fill`` of a delta graph's inputs: changed bricks (padded with -1), the grid, the pool."""
+    grid, tiles, c = layer.grid, layer.grid.tiles, cpos.numel()
+    n_leaves, n_tiles = grid.num_leaves, tiles.keys.numel()
+
+    def fill(inp):
+        inp[0][:c].copy_(cpos)
+        inp[0][c:].fill_(-1)
+        inp[1][:n_leaves].copy_(grid.leaves.keys)
+        inp[2][:n_tiles].copy_(tiles.keys)
+        inp[2][n_tiles:].fill_(_SENTINEL)
+        inp[3][:n_tiles].copy_(tiles.masks)
+        inp[4][: n_tiles + 1].copy_(tiles.starts)
+        inp[5][:n_leaves].copy_(layer.slots)
+        _fill_pool(inp[6:12], layer.pool, s, with_color)
+
+    return fill
+
+
+def _delta_mesh(out, layer, s: float, since: int, with_color: bool, cb: int, sizes=None) -> Mesh | None:
+    """The delta :class:`Mesh` of a delta graph's outputs (copied out), or None when they overflowed or a
+    brick is outside the key range; ``sizes``: the outputs' sizes as a list (read back here if None)."""
+    _fc, keys, pos, nrm, col, faces, blocks, offsets, removed, req, sizes_t = out
+    n_tri, nv, nb, nr, bad, _n_req, over = sizes_t.tolist() if sizes is None else sizes
+    if over or bad or n_tri > cb * GRAPH_TRI_PER_CHANGED:
+        return None
+    dev = req.device
+    zero = torch.zeros(1, dtype=torch.int64, device=dev)
+    return Mesh(
+        vertices=pos[:nv].clone(),
+        faces=faces[:n_tri].to(torch.int32),
+        normals=nrm[:nv].clone(),
+        colors=col[:nv].clone() if with_color else None,
+        vertex_keys=keys[:nv].clone(),
+        blocks=req.index_select(0, blocks[:nb]),
+        block_face_offsets=torch.cat((zero, offsets[:nb])),
+        removed_blocks=req.index_select(0, removed[:nr]),
+        version=layer.version,
+        full=False,
+        since_version=since,
+        voxel_size_m=s,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -554,6 +793,10 @@ def mesh_since(layer: BrickLayer, voxel_size_m: float, since_version: int) -> Me
     with_color = "color" in layer.pool.fields and "color_weight" in layer.pool.fields
     # keys of the changed bricks' 27-neighbourhoods (one kernel), and of the removed bricks'
     changed = (layer.slots >= 0) & (layer.brick_versions > since)
+    if removed.shape[0] == 0:  # a CUDA graph for short deltas (mapper.graphs), else the eager path
+        mesh = _mesh_since_graphed(layer, s, since, changed, with_color)
+        if mesh is not None:
+            return mesh
     keys = changed_neighbourhood_keys(changed, layer.grid.leaves.keys)
     if removed.shape[0]:
         keys = torch.cat(

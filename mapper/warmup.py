@@ -146,12 +146,25 @@ def _envelope_variants(dev: torch.device) -> None:
         lower_envelope(f, start, torch.full((n,), 4, dtype=torch.int64, device=dev))
 
 
+def _graph_captures(m) -> None:
+    """CUDA graphs (``mapper.graphs``): capture every bucket of the map's graphed operations (the meshes)
+    first, so neither the frame path below nor a later frame captures one; nothing where graphs do not
+    apply (CPU, interpreter, ``MAPPER_CUDA_GRAPHS=0``)."""
+    from . import graphs
+    from .mesh import warm_graphs
+
+    if m._tsdf is not None and graphs.enabled(m.device):
+        with graphs.warming():
+            warm_graphs(m._tsdf)
+
+
 def _run(config: dict, dev: torch.device, sizes) -> None:
     """The frame path at each scan size in ``sizes`` (azimuth columns x 16 beams; two sizes give the
     kernels' integer arguments other residues mod 16), then the coarse walk's buckets."""
     from .map import Map
 
     m = Map(**config, device=dev, warmup=False)
+    _graph_captures(m)
     s = m.voxel_size_m
     version = None
     for k, n_az in enumerate(sizes):

@@ -413,3 +413,197 @@ def marching_cubes_triton(
         HAS_COLOR=with_color, IJB=IJ_BITS, KB=K_BITS, IJBIAS=IJ_BIAS, KBIAS=K_BIAS, BLOCK=block,
     )  # fmt: skip
     return face_counts, ukeys, pos, nrm, (col if with_color else None), inv.reshape(-1, 3)
+
+
+SENTINEL = (1 << 63) - 1  # sorts after every edge key
+
+
+def marching_cubes_static_triton(
+    bricks, nbr_slots, n_real, starts, tsdf_pt, w_pt, col_pt, cw_pt, prm, tab, cnt_tab,
+    *, tri_cap: int, with_color: bool,
+):  # fmt: skip
+    """:func:`marching_cubes_triton` and the mesh's block bookkeeping over fixed shapes, without a host sync
+    (what a CUDA graph captures; ``mapper.mesh`` replays it for short brick lists).
+
+    Args (all on one CUDA device, or CPU tensors under the Triton interpreter):
+        bricks: int64 ``[Mb, 3]``, the first ``n_real`` sorted by block key and unique; the rest ignored.
+        nbr_slots: int64 ``[Mb, 27]`` (see ``marching.marching_cubes``); rows past ``n_real`` all -1.
+        n_real: int64 ``[1]``: the list's length.
+        starts: int64 ``[P + 1]`` the pool's page-start table, padded with values above every slot.
+        tsdf_pt, w_pt, col_pt, cw_pt: int64 ``[P]`` page tables (colour ones unused without colour).
+        prm: float64 ``[1]`` voxel size in metres.
+        tab: int32 ``[256 * T * 3]``, cnt_tab: int32 ``[256]``: the case table.
+        tri_cap: triangles the outputs hold (the faces of cells past it are not written).
+        with_color: compute vertex colours.
+    Returns:
+        ``(face_counts int64 [Mb], keys int64 [K], pos float32 [K, 3], nrm float32 [K, 3], col uint8
+        [K, 3] (``[0, 3]`` without colour), faces int64 [tri_cap, 3], blocks int64 [Mb] (rows with faces),
+        offsets int64 [Mb] (their faces' end offsets), removed int64 [Mb] (rows < n_real without faces),
+        sizes int64 [5])``, ``K = 3 * tri_cap``; ``sizes`` = (triangles, vertices, blocks, removed, out of
+        the edge-key range). When ``sizes[0] <= tri_cap`` and ``sizes[4] == 0``, the first ``sizes[1]``
+        keys / vertices and ``sizes[0]`` faces equal :func:`marching_cubes_triton`'s arrays; otherwise the
+        caller must run that op (a present brick out of the key range has no cells here).
+    """
+    dev = bricks.device
+    m = bricks.shape[0]
+    n_pages = starts.numel() - 1
+    T = tab.numel() // (256 * 3)
+    k = 3 * tri_cap
+    # the edge-key range (mapper.mesh._check_key_range): a present brick outside it meshes nothing here
+    v = bricks * 4
+    out_ij = (v[:, :2] < -IJ_BIAS) | (v[:, :2] + 4 >= IJ_BIAS)
+    out_k = (v[:, 2] < -K_BIAS) | (v[:, 2] + 4 >= K_BIAS)
+    bad = (nbr_slots[:, 13] >= 0) & (out_ij.any(1) | out_k)
+    nslots = torch.where(bad[:, None], torch.full_like(nbr_slots, -1), nbr_slots)
+    # one more row, brick (0, 0, 0) without neighbours: the lanes past the vertex count read there
+    nslots = torch.cat((nslots, torch.full((1, 27), -1, dtype=torch.int64, device=dev)))
+    ebricks = torch.cat((bricks, torch.zeros((1, 3), dtype=torch.int64, device=dev)))
+    npage = torch.empty((m + 1, 27), dtype=torch.int64, device=dev)
+    nbase = torch.empty((m + 1, 27), dtype=torch.int64, device=dev)
+    pblock = 256 if dev.type == "cuda" else 4096
+    _mc_pages_kernel[(triton.cdiv((m + 1) * 27, pblock),)](
+        nslots, starts, n_pages, npage, nbase, (m + 1) * 27, NP=PAGE_STEPS, BLOCK=pblock
+    )
+    case = torch.empty(m * 64, dtype=torch.int32, device=dev)
+    cnt = torch.empty(m * 64, dtype=torch.int32, device=dev)
+    BB = 4 if dev.type == "cuda" else 32
+    grid = (triton.cdiv(m, BB),)
+    _mc_count_kernel[grid](npage, nbase, tsdf_pt, w_pt, cnt_tab, case, cnt, m, BB=BB)
+    csum = torch.cumsum(cnt, 0)
+    off = csum - cnt
+    # cells whose triangles end past the capacity write none (the caller sees sizes[0] > tri_cap)
+    cnt_w = torch.where(csum <= tri_cap, cnt, torch.zeros_like(cnt))
+    keys = torch.full((k,), SENTINEL, dtype=torch.int64, device=dev)
+    owner = torch.zeros(k, dtype=torch.int32, device=dev)
+    _mc_write_kernel[grid](
+        bricks, case, cnt_w, off, tab, keys, owner, m,
+        T=T, IJB=IJ_BITS, KB=K_BITS, IJBIAS=IJ_BIAS, KBIAS=K_BIAS, BB=BB,
+    )  # fmt: skip
+    # weld without a size: sort, first of each run of equal keys, its rank = the vertex id
+    sk, perm = torch.sort(keys)
+    first = sk != SENTINEL
+    first[1:] &= sk[1:] != sk[:-1]
+    vid = torch.cumsum(first, 0) - 1
+    inv = torch.empty(k, dtype=torch.int64, device=dev).scatter_(0, perm, vid)
+    # lanes past the vertex count: the min voxel of the extra row's brick (a valid read, sliced off)
+    safe = (IJ_BIAS << (K_BITS + 2)) | (K_BIAS << 2)
+    ukeys = _compact(first, vid, sk, torch.full((k + 1,), safe, dtype=torch.int64, device=dev))
+    rep = _compact(first, vid, perm, torch.zeros(k + 1, dtype=torch.int64, device=dev))
+    nv = first.sum()
+    lane = torch.arange(k, device=dev)
+    vb = torch.where(lane < nv, owner.index_select(0, rep), torch.full_like(owner, m))
+    pos = torch.empty((k, 3), dtype=torch.float32, device=dev)
+    nrm = torch.empty((k, 3), dtype=torch.float32, device=dev)
+    col = torch.empty((k, 3), dtype=torch.uint8, device=dev) if with_color else pos
+    block = 128 if dev.type == "cuda" else 1024
+    _mc_vertex_kernel[(triton.cdiv(k, block),)](
+        ukeys, vb, ebricks, npage, nbase, tsdf_pt, w_pt, col_pt, cw_pt, prm, pos, nrm, col, k,
+        HAS_COLOR=with_color, IJB=IJ_BITS, KB=K_BITS, IJBIAS=IJ_BIAS, KBIAS=K_BIAS, BLOCK=block,
+    )  # fmt: skip
+    if not with_color:
+        col = torch.zeros((0, 3), dtype=torch.uint8, device=dev)
+    # blocks: rows with faces (their end offsets) and rows of the list without (removed)
+    face_counts = cnt.view(m, 64).sum(1, dtype=torch.int64)
+    rows = torch.arange(m, device=dev)
+    has = face_counts > 0
+    empty = ~has & (rows < n_real)
+    blocks = _compact(has, torch.cumsum(has, 0) - 1, rows, torch.zeros(m + 1, dtype=torch.int64, device=dev))
+    removed = _compact(
+        empty, torch.cumsum(empty, 0) - 1, rows, torch.zeros(m + 1, dtype=torch.int64, device=dev)
+    )
+    offsets = torch.cumsum(face_counts, 0).index_select(0, blocks)
+    sizes = torch.stack((csum[-1].to(torch.int64), nv, has.sum(), empty.sum(), bad.sum()))
+    return face_counts, ukeys, pos, nrm, col, inv.view(tri_cap, 3), blocks, offsets, removed, sizes
+
+
+def _compact(keep, rank, values, out):
+    """``values[keep]`` at the front of ``out`` (``[N + 1]``, its tail unchanged) by their ``rank``
+    (exclusive count of kept lanes before): a fixed-shape ``values[keep]``. Returns ``out[:N]``."""
+    n = keep.numel()
+    dst = torch.where(keep, rank, torch.full_like(rank, n))  # dropped lanes write the spare last element
+    return out.scatter_(0, dst, values)[:n]
+
+
+def changed_mesh_static_triton(
+    cpos, leaf_keys, tkeys, tmask, tstart, slot_table, starts, tsdf_pt, w_pt, col_pt, cw_pt, prm, tab,
+    cnt_tab, *, m_cap: int, tri_cap: int, with_color: bool,
+):  # fmt: skip
+    """The blocks an incremental mesh re-meshes, and :func:`marching_cubes_static_triton` over them, over
+    fixed shapes without a host sync (what ``mapper.mesh`` captures for deltas of few changed bricks).
+
+    The blocks: the 27-neighbourhoods of the changed bricks, unique, sorted by block key, those present in
+    the layer (as ``mapper.mesh.mesh_since`` with no removed brick).
+
+    Args (one CUDA device, or CPU tensors under the Triton interpreter):
+        cpos: int64 ``[Cb]``: ``leaf * 8 + brick`` of each changed brick (rows of the layer's slot table);
+            -1 = padding.
+        leaf_keys: int64 ``[>= L]`` the grid's leaf keys (rows past L unused).
+        tkeys: int64 ``[Tc]`` the grid's tile keys, padded with ``2^63 - 1``; tmask, tstart: int64
+            ``[>= T]`` tile masks and first leaves.
+        slot_table: int32 ``[>= L, 8]`` the layer's leaf-level slot table.
+        starts ... cnt_tab: as :func:`marching_cubes_static_triton`.
+        m_cap: blocks the outputs hold; tri_cap, with_color: as :func:`marching_cubes_static_triton`.
+    Returns:
+        ``marching_cubes_static_triton``'s outputs over the ``[m_cap]`` blocks, then the blocks int64
+        ``[m_cap, 3]`` (block indices in its outputs refer to these rows), and ``sizes`` int64 ``[7]``:
+        its five sizes, the number of blocks and 1 when that exceeds ``m_cap`` (then the caller must run
+        the eager path).
+    """
+    dev = cpos.device
+    c = cpos.numel()
+    n = 27 * c
+    valid = cpos >= 0
+    cp = cpos.clamp(min=0)
+    b = cp % 8
+    lk = leaf_keys.index_select(0, cp // 8)
+    tile = lk >> LEAF_POS_BITS
+    am = (1 << TILE_AXIS_BITS) - 1
+    lc = torch.stack(
+        (
+            (((tile >> (2 * TILE_AXIS_BITS)) & am) - TILE_BIAS) * 4 + ((lk >> 4) & 3),
+            (((tile >> TILE_AXIS_BITS) & am) - TILE_BIAS) * 4 + ((lk >> 2) & 3),
+            ((tile & am) - TILE_BIAS) * 4 + (lk & 3),
+        ),
+        1,
+    )
+    bc = lc * 2 + torch.stack(((b >> 2) & 1, (b >> 1) & 1, b & 1), 1)
+    # the slots of the changed bricks' 27 neighbours: which blocks of the neighbourhoods exist
+    block = 256 if dev.type == "cuda" else 4096
+    cn = torch.empty((c, 27), dtype=torch.int64, device=dev)
+    _mc_neighbours_kernel[(triton.cdiv(n, block),)](
+        bc, cn, c, tkeys, tmask, tstart, tkeys.numel(), slot_table, NT=TILE_STEPS, LIMIT=VOXEL_LIMIT,
+        BIAS=TILE_BIAS, AXB=TILE_AXIS_BITS, BLOCK=block,
+    )  # fmt: skip
+    d = torch.arange(27, device=dev)
+    off = torch.stack((d // 9 - 1, (d // 3) % 3 - 1, d % 3 - 1), 1)
+    v = (bc[:, None, :] + off[None]).reshape(-1, 3) + BLOCK_BIAS
+    keys = (v[:, 0] << (2 * BLOCK_BITS)) | (v[:, 1] << BLOCK_BITS) | v[:, 2]
+    keep = ((cn >= 0) & valid[:, None]).reshape(-1)
+    keys = torch.where(keep, keys, torch.full_like(keys, SENTINEL))
+    # the present blocks: unique keys, sorted (padding last)
+    sk, _ = torch.sort(keys)
+    first = sk != SENTINEL
+    first[1:] &= sk[1:] != sk[:-1]
+    n_req = first.sum()
+    uk = _compact(
+        first, torch.cumsum(first, 0) - 1, sk, torch.full((n + 1,), SENTINEL, dtype=torch.int64, device=dev)
+    )
+    if m_cap > n:  # pad (a bucket never holds more blocks than its neighbourhoods)
+        uk = torch.cat((uk, torch.full((m_cap - n,), SENTINEL, dtype=torch.int64, device=dev)))
+    uk = uk[:m_cap]
+    bm = (1 << BLOCK_BITS) - 1
+    req = torch.stack(((uk >> (2 * BLOCK_BITS)) & bm, (uk >> BLOCK_BITS) & bm, uk & bm), 1) - BLOCK_BIAS
+    # their 27 neighbours' slots; padding rows (decoded far outside the map) have none
+    nreq = torch.empty((m_cap, 27), dtype=torch.int64, device=dev)
+    _mc_neighbours_kernel[(triton.cdiv(m_cap * 27, block),)](
+        req, nreq, m_cap, tkeys, tmask, tstart, tkeys.numel(), slot_table, NT=TILE_STEPS, LIMIT=VOXEL_LIMIT,
+        BIAS=TILE_BIAS, AXB=TILE_AXIS_BITS, BLOCK=block,
+    )  # fmt: skip
+    rows = torch.arange(m_cap, device=dev)
+    nreq = torch.where((rows < n_req)[:, None], nreq, torch.full_like(nreq, -1))
+    out = marching_cubes_static_triton(
+        req, nreq, n_req.reshape(1), starts, tsdf_pt, w_pt, col_pt, cw_pt, prm, tab, cnt_tab,
+        tri_cap=tri_cap, with_color=with_color,
+    )  # fmt: skip
+    sizes = torch.cat((out[-1], n_req.reshape(1), (n_req > m_cap).to(torch.int64).reshape(1)))
+    return (*out[:-1], req, sizes)
