@@ -28,6 +28,7 @@ from .kernels.dispatch import use_triton
 from .kernels.keys import encode_leaf_keys
 from .kernels.setops import insert_sorted_keys
 from .kernels.topology import lookup_leaves, make_leaves
+from .kernels.transfer import host_to_device
 from .kernels.views import LayerView
 
 BRICK_VOXELS = 64
@@ -203,7 +204,7 @@ class PagedPool:
         """int64 ``[pages]``: data pointers of the field's pages (for Triton kernels)."""
         if self._tables is None:
             self._tables = {
-                k: torch.tensor([p.data_ptr() for p in v], dtype=torch.int64, device=self.device)
+                k: host_to_device(torch.tensor([p.data_ptr() for p in v], dtype=torch.int64), self.device)
                 for k, v in self.pages.items()
             }
         return self._tables[name]
@@ -211,7 +212,7 @@ class PagedPool:
     def page_start_table(self) -> torch.Tensor:
         """int64 ``[pages + 1]``: the first slot of each page, then the capacity (for Triton kernels)."""
         if self._starts_t is None:
-            self._starts_t = torch.tensor(self.page_starts, dtype=torch.int64, device=self.device)
+            self._starts_t = host_to_device(torch.tensor(self.page_starts, dtype=torch.int64), self.device)
         return self._starts_t
 
     def _groups(self, slots: torch.Tensor):
@@ -422,17 +423,16 @@ class BrickLayer:
             fresh = self.pool.alloc(n_bricks)
             slot = torch.where(missing, fresh[brick_rank.clamp(0, n_bricks - 1)], cur)
         self.version += 1
-        # every kept brick has its cell now; rows not kept may point anywhere (clamped): they add 0
+        # every kept brick has its own cell now; a row not kept repeats the write of a kept row (same cell,
+        # same value: no conflicting duplicates, no boolean mask)
         flat = leaf.clamp(min=0) * 8 + b
-        sv, bv = slots.view(-1), bver.view(-1)
-        if keep is None:
-            if n_bricks:
-                sv[flat] = slot.to(torch.int32)
-            bv[flat] = self.version
-        else:
-            if n_bricks:
-                sv.index_put_((flat,), torch.where(missing, slot + 1, 0).to(torch.int32), accumulate=True)
-            bv.index_put_((flat,), torch.where(kept, self.version - bv[flat], 0), accumulate=True)
+        if keep is not None:
+            j = kept.to(torch.uint8).argmax()
+            flat = torch.where(kept, flat, flat[j])
+            slot = torch.where(kept, slot, slot[j])
+        if n_bricks:
+            slots.view(-1)[flat] = slot.to(torch.int32)
+        bver.view(-1).scatter_(0, flat, self.version)  # a scalar kernel argument (no host-to-device copy)
         if n_bricks:
             keys = keys if n_leaves else old.keys
             tiles = None if n_leaves else self.grid.cached_tiles

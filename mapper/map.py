@@ -27,6 +27,7 @@ from .integrators.common import (
     check_intrinsics,
     check_points,
     check_pose,
+    host_to_device,
 )
 from .integrators.free import FreeSpaceIntegrator
 from .integrators.occupancy import OccupancyConfig, OccupancyIntegrator
@@ -273,7 +274,7 @@ class Map:
         elif T_world_sensor is None:
             raise InvalidArgument("T_world_sensor: required when track=False")
         T_host = self.check_sensor_pose(T_world_sensor).clone()  # returned as is: no copy back
-        T = T_host.to(self.device)
+        T = host_to_device(T_host, self.device)
         r = torch.linalg.vector_norm(pts, dim=1)
         ok = torch.isfinite(pts).all(dim=1) & (r > 1e-6) & (r <= self.max_range_m)
         pts = pts[ok].to(torch.float64)
@@ -373,7 +374,7 @@ class Map:
         return T
 
     def _check_sensor_pose(self, T_world_sensor) -> torch.Tensor:
-        return self.check_sensor_pose(T_world_sensor).to(self.device)
+        return host_to_device(self.check_sensor_pose(T_world_sensor), self.device)
 
     # ------------------------------------------------------------------------------------------ ESDF
     def update_esdf(self) -> dict:

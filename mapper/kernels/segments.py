@@ -352,7 +352,7 @@ def unique_brick_ranks(
         idx = seen[:cells].nonzero().squeeze(1)  # sync: the brick count
         table = torch.empty(cells + 1, dtype=torch.int32, device=dev)
         table[idx] = torch.arange(idx.numel(), dtype=torch.int32, device=dev)
-        table[cells] = -1
+        table[cells:].fill_(-1)  # fill_: no host-to-device copy of the scalar (``table[cells] = -1`` syncs)
         a = idx // (ext[1] * ext[2])
         r = idx % (ext[1] * ext[2])
         bricks = torch.stack((a + lo[0], r // ext[2] + lo[1], r % ext[2] + lo[2]), dim=1)
