@@ -13,7 +13,13 @@ from sync_count import SyncCounter, cuda_syncs
 from mapper import Map, budget, sim
 from mapper.grid import IndexGrid
 from mapper.integrators import free as free_space
-from mapper.integrators.tsdf import TsdfConfig, _depth_band_bricks_reference, depth_band_bricks, pixel_rays
+from mapper.integrators.tsdf import (
+    TsdfConfig,
+    depth_band_bricks,
+    depth_band_bricks_compact,
+    depth_band_bricks_keyed,
+    pixel_rays,
+)
 from mapper.kernels.setops import merge_with_positions_torch
 from mapper.kernels.topology import build_tiles, make_leaves
 from mapper.layers import BrickLayer, FieldSpec
@@ -269,7 +275,7 @@ def test_allocate_reads_one_size_vector(case, device):
 
 
 @pytest.mark.parametrize("voxel_m", [0.02, 0.05])
-def test_depth_band_bricks_equal_the_compacting_reference(voxel_m, device):
+def test_depth_band_bricks_keyed_equal_the_compacting_path(voxel_m, device):
     """The depth grow without compaction (every pixel walked, invalid ones keyed -1) finds exactly the
     bricks of the previous implementation (valid pixels and cells compacted, then ``unique_voxels``):
     holes, NaN, +-inf, negative and out-of-range depths, one frame far from the origin."""
@@ -285,14 +291,15 @@ def test_depth_band_bricks_equal_the_compacting_reference(voxel_m, device):
     depth[24, 20:25] = 12.0  # beyond max_range_m
     cfg = TsdfConfig(voxel_m)
     K = cam.K.to(device).to(torch.float64)
-    got = depth_band_bricks(depth, K, T, cfg, 10.0)
-    ref = _depth_band_bricks_reference(depth, K, T, cfg, 10.0)
+    got = depth_band_bricks_keyed(depth, K, T, cfg, 10.0)
+    ref = depth_band_bricks_compact(depth, K, T, cfg, 10.0)
     assert ref.shape[0] > 100
     assert torch.equal(got, ref)
     far = T.clone()
     far[:3, 3] += torch.tensor([1.0e4 * voxel_m, 0.0, 0.0], dtype=torch.float64, device=device)
     assert torch.equal(
-        depth_band_bricks(depth, K, far, cfg, 10.0), _depth_band_bricks_reference(depth, K, far, cfg, 10.0)
+        depth_band_bricks_keyed(depth, K, far, cfg, 10.0), depth_band_bricks_compact(depth, K, far, cfg, 10.0)
     )
     none = torch.zeros_like(depth)
-    assert depth_band_bricks(none, K, T, cfg, 10.0).shape == (0, 3)
+    assert depth_band_bricks_keyed(none, K, T, cfg, 10.0).shape == (0, 3)
+    assert torch.equal(depth_band_bricks(depth, K, T, cfg, 10.0), ref)  # the dispatch

@@ -176,13 +176,17 @@ def depth_band_bricks(
     depth: torch.Tensor, K: torch.Tensor, T: torch.Tensor, cfg: TsdfConfig, max_range_m: float
 ):
     """Unique bricks (int64 ``[B, 3]``, brick coordinates, sorted by key) crossed by the valid pixels'
-    truncation bands.
+    truncation bands: :func:`depth_band_bricks_keyed` on CUDA (few host syncs), else
+    :func:`depth_band_bricks_compact` (less work: the CPU path); same result."""
+    impl = depth_band_bricks_keyed if depth.device.type == "cuda" else depth_band_bricks_compact
+    return impl(depth, K, T, cfg, max_range_m)
 
-    Every pixel is walked (no compaction of the valid ones, no boolean-mask indexing): an invalid pixel
-    walks a dummy ray and its cells get key ``-1``, as do cells outside the key range; the keys are
-    de-duplicated by :func:`mapper.kernels.segments.unique_brick_ranks` (dense bitmap over the keys' box).
-    Host syncs: two size reads there (the box, the brick count). ``_depth_band_bricks_reference`` is the
-    previous implementation (compacting pixels and cells), kept for tests."""
+
+def depth_band_bricks_keyed(depth, K, T, cfg: TsdfConfig, max_range_m: float):
+    """:func:`depth_band_bricks` without compaction: every pixel is walked (no boolean-mask indexing); an
+    invalid pixel walks a dummy ray and its cells get key ``-1``, as do cells outside the key range; the keys
+    are de-duplicated by :func:`mapper.kernels.segments.unique_brick_ranks` (a bitmap over the keys' box).
+    Host syncs: two size reads there (the box, the brick count); the compacting version has five."""
     h, w = depth.shape
     d = depth.reshape(-1)
     ok = torch.isfinite(d) & (d > 0) & (d <= max_range_m)
@@ -198,13 +202,14 @@ def depth_band_bricks(
         cells, _, valid = dda(o, dirs, (r - cfg.tau).clamp(min=0.0), r + cfg.tau, bs, steps)
         k = brick_keys(cells.reshape(-1, 3)).view(r.numel(), steps)  # -1 outside the key range
         keys.append(torch.where(valid & ok[sl, None], k, -1).reshape(-1))
-    bricks, _ = unique_brick_ranks(*keys)
+    # dense up to 2^26 cells whatever the key count (a bitmap beats a sort of the keys, as in unique_voxels)
+    bricks, _ = unique_brick_ranks(*keys, dense_slack=1 << 26)
     return bricks
 
 
-def _depth_band_bricks_reference(depth, K, T, cfg: TsdfConfig, max_range_m: float):
-    """The previous :func:`depth_band_bricks` (valid pixels and crossed cells compacted, then
-    ``unique_voxels``); the tests' reference."""
+def depth_band_bricks_compact(depth, K, T, cfg: TsdfConfig, max_range_m: float):
+    """:func:`depth_band_bricks` by compaction: the valid pixels, then the crossed cells, then
+    ``unique_voxels`` (five host syncs on CUDA; on the CPU less work than walking every pixel)."""
     _, origin, dirs, rng = pixel_rays(depth, K, T, max_range_m)
     bs = 4 * cfg.voxel_size_m
     steps = max_dda_steps(2 * cfg.tau, bs)
