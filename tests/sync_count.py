@@ -50,7 +50,7 @@ def _bool_index(idx) -> bool:
 
 
 def _site() -> str:
-    for fr in reversed(traceback.extract_stack()[:-3]):
+    for fr in reversed(traceback.extract_stack()[:-2]):  # without _site and __torch_function__
         if "/mapper/" in fr.filename:
             return f"{fr.filename.rsplit('/mapper/', 1)[1]}:{fr.lineno}"
     return "?"

@@ -303,3 +303,17 @@ def test_depth_band_bricks_keyed_equal_the_compacting_path(voxel_m, device):
     none = torch.zeros_like(depth)
     assert depth_band_bricks_keyed(none, K, T, cfg, 10.0).shape == (0, 3)
     assert torch.equal(depth_band_bricks(depth, K, T, cfg, 10.0), ref)  # the dispatch
+
+
+def test_depth_band_bricks_keyed_reads_two_sizes():
+    """The keyed depth grow's host syncs (counted on the torch calls that sync on a GPU): the bricks' box
+    and their count, nothing per pixel or per cell."""
+    cam = sim.PinholeCamera(64, 48, 50.0, 50.0, 32.0, 24.0)
+    scene = sim.indoor_scene(1)
+    T = sim.orbit_trajectory(2, scene=scene)[1].to(torch.float64)
+    depth = cam.render_depth(scene, T, 10.0)
+    depth[4:9, 3:30] = 0.0
+    with SyncCounter() as c:
+        bricks = depth_band_bricks_keyed(depth, cam.K.to(torch.float64), T, TsdfConfig(0.02), 10.0)
+    assert bricks.shape[0] > 50
+    assert c.total == 2, c.sites
