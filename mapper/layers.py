@@ -283,7 +283,8 @@ class PagedPool:
             return
         for p, sel, start in self._groups(slots):
             s = slots if sel is None else slots[sel]
-            self.pages[name][p][s - start] = value
+            # index_fill_: the scalar is a kernel argument (``page[idx] = value`` copies it from the host)
+            self.pages[name][p].index_fill_(0, s - start, value)
 
 
 def _s64(u: int) -> int:
@@ -427,9 +428,9 @@ class BrickLayer:
         # same value: no conflicting duplicates, no boolean mask)
         flat = leaf.clamp(min=0) * 8 + b
         if keep is not None:
-            j = kept.to(torch.uint8).argmax()
-            flat = torch.where(kept, flat, flat[j])
-            slot = torch.where(kept, slot, slot[j])
+            j = kept.to(torch.uint8).argmax().reshape(1)  # gathered, not ``x[j]``: a 0-dim index is read back
+            flat = torch.where(kept, flat, flat.index_select(0, j))
+            slot = torch.where(kept, slot, slot.index_select(0, j))
         if n_bricks:
             slots.view(-1)[flat] = slot.to(torch.int32)
         bver.view(-1).scatter_(0, flat, self.version)  # a scalar kernel argument (no host-to-device copy)

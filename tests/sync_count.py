@@ -3,9 +3,10 @@
 On CUDA a host sync happens where the host needs a value the device computes: a scalar read (``item``,
 ``tolist``, ``int``/``bool``/``float`` of a tensor), an output whose size depends on the data (``nonzero``,
 ``unique``, boolean-mask indexing and assignment, ``masked_select``, ``repeat_interleave`` without
-``output_size``, ``bincount``), a copy to the host. :class:`SyncCounter` is a ``TorchFunctionMode`` that
-records each such call with the ``mapper`` source line that made it, so a CPU test can count what the same
-code would cost on a GPU (the torch path; GPU tests count the real thing with
+``output_size``, ``bincount``), a copy to the host, indexing by a 0-dim tensor, a Python scalar written
+through a tensor index (``x[idx] = 2`` copies the 2 from the host). :class:`SyncCounter` is a
+``TorchFunctionMode`` that records each such call with the ``mapper`` source line that made it, so a CPU
+test can count what the same code would cost on a GPU (the torch path; GPU tests count the real thing with
 ``torch.cuda.set_sync_debug_mode``, see :func:`cuda_syncs`).
 """
 
@@ -44,9 +45,16 @@ _SIZED = {
 }
 
 
-def _bool_index(idx) -> bool:
+def _index_syncs(idx, value=None) -> bool:
+    """Indexing that syncs on CUDA: a boolean mask (``nonzero``), a 0-dim integer tensor (read back as an
+    int), or a Python scalar written through a tensor index (copied from the host)."""
     items = idx if isinstance(idx, tuple) else (idx,)
-    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in items)
+    tensors = [i for i in items if isinstance(i, torch.Tensor)]
+    if any(i.dtype in (torch.bool, torch.uint8) for i in tensors):
+        return True
+    if any(i.dim() == 0 and not i.is_floating_point() for i in tensors):
+        return True
+    return bool(tensors) and isinstance(value, (bool, int, float))
 
 
 def _site() -> str:
@@ -71,7 +79,7 @@ class SyncCounter(TorchFunctionMode):
         kwargs = kwargs or {}
         sync = func in _READS or func in _SIZED
         if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and len(args) > 1:
-            sync = _bool_index(args[1])
+            sync = _index_syncs(args[1], args[2] if func is torch.Tensor.__setitem__ else None)
         elif func in (torch.where, torch.Tensor.where) and len(args) + len(kwargs) == 1:
             sync = True
         elif func in (torch.repeat_interleave, torch.Tensor.repeat_interleave):

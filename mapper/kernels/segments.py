@@ -317,7 +317,7 @@ def dense_flat_torch(keys: torch.Tensor, lo, ext, cells: int, seen: torch.Tensor
     ``seen[index] = 1``; int64 indices, in row chunks."""
     dev = keys.device
     f = torch.cat([_dense_flat_torch(keys[sl], lo, ext, cells) for sl in row_slices(keys.numel(), dev)])
-    seen[f] = 1
+    seen.index_fill_(0, f, 1)  # the scalar as a kernel argument (``seen[f] = 1`` copies it from the host)
     return f
 
 
