@@ -17,7 +17,11 @@ git rev-parse HEAD >> "$D/gpu.txt" 2>/dev/null
 timeout 60 python3 -m pytest -v -p no:cacheprovider tests/test_frame_syncs.py tests/test_map_frame.py \
   -k "frame_host_syncs or one_size_vector or keyed or allocate_kept" -rfE --tb=short > "$D/tests_syncs.log" 2>&1
 el tests_syncs $?
-# 2. frame path: 100 LiDAR frames (~120 k points) x 3 cases, 100 depth frames 640x480 x 3 cases, with the
+# 2. the allocation alone, this branch vs the previous algorithm, interleaved in one process (~10 s)
+timeout 25 python3 benchmarks/bench_allocate.py --device cuda --frames 60 --bricks 40000 \
+  --out "$D/allocate_h200.md" > "$D/allocate.log" 2>&1
+el allocate $?
+# 3. frame path: 100 LiDAR frames (~120 k points) x 3 cases, 100 depth frames 640x480 x 3 cases, with the
 #    stage profile (launches, host syncs with their lines, GPU busy); 150 frames each took 107 s with cold
 #    compiles on 2026-12-01, the kernels are compiled by step 1 now
 left=$(( 147 - ($(date +%s) - start) ))
