@@ -97,6 +97,11 @@ class IndexGrid:
         return self._leaves
 
     @property
+    def cached_tiles(self) -> Tiles | None:
+        """The tile index if it was built already, else None (for a grid with the same leaf keys)."""
+        return self._tiles
+
+    @property
     def tiles(self) -> Tiles:
         """The tile index over the leaves (built on first use, then cached)."""
         if self._tiles is None:

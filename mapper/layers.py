@@ -26,7 +26,9 @@ import torch
 from .grid import IndexGrid
 from .kernels.dispatch import use_triton
 from .kernels.keys import encode_leaf_keys
-from .kernels.topology import make_leaves
+from .kernels.setops import insert_sorted_keys
+from .kernels.topology import lookup_leaves, make_leaves
+from .kernels.transfer import host_to_device
 from .kernels.views import LayerView
 
 BRICK_VOXELS = 64
@@ -34,6 +36,7 @@ PAGE_BRICKS = 1 << 14  # 2^20 voxels per page
 # copy-on-write on CUDA: while a field's shared pages total at most this, a write copies all of them at once
 # (no host sync to find the pages it touches; HBM copies ~1.5 TB/s); above it, only the touched pages
 COW_ALL_BYTES = 256 << 20
+_KEY_SENTINEL = torch.iinfo(torch.int64).max  # sorts after every leaf key
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,7 @@ class PagedPool:
         """int64 ``[pages]``: data pointers of the field's pages (for Triton kernels)."""
         if self._tables is None:
             self._tables = {
-                k: torch.tensor([p.data_ptr() for p in v], dtype=torch.int64, device=self.device)
+                k: host_to_device(torch.tensor([p.data_ptr() for p in v], dtype=torch.int64), self.device)
                 for k, v in self.pages.items()
             }
         return self._tables[name]
@@ -209,7 +212,7 @@ class PagedPool:
     def page_start_table(self) -> torch.Tensor:
         """int64 ``[pages + 1]``: the first slot of each page, then the capacity (for Triton kernels)."""
         if self._starts_t is None:
-            self._starts_t = torch.tensor(self.page_starts, dtype=torch.int64, device=self.device)
+            self._starts_t = host_to_device(torch.tensor(self.page_starts, dtype=torch.int64), self.device)
         return self._starts_t
 
     def _groups(self, slots: torch.Tensor):
@@ -280,7 +283,8 @@ class PagedPool:
             return
         for p, sel, start in self._groups(slots):
             s = slots if sel is None else slots[sel]
-            self.pages[name][p][s - start] = value
+            # index_fill_: the scalar is a kernel argument (``page[idx] = value`` copies it from the host)
+            self.pages[name][p].index_fill_(0, s - start, value)
 
 
 def _s64(u: int) -> int:
@@ -310,23 +314,6 @@ def brick_masks(present: torch.Tensor) -> torch.Tensor:
     p = present.to(torch.int64).reshape(-1, 2, 4)  # [L, bi, (bj, bk)]
     w = (p * _word_patterns(present.device)).sum(dim=2)  # disjoint patterns: sum == or
     return w.repeat_interleave(4, dim=1)
-
-
-def bricks_grid(brick_ijk: torch.Tensor) -> tuple[IndexGrid, torch.Tensor, torch.Tensor]:
-    """Grid of all voxels of the given unique bricks (int64 ``[M, 3]`` brick coordinates ``v >> 2``).
-
-    Returns the grid, and for every brick its leaf index in the grid and its brick index in the leaf.
-    """
-    dev = brick_ijk.device
-    if brick_ijk.shape[0] == 0:
-        z = torch.zeros(0, dtype=torch.int64, device=dev)
-        return IndexGrid.empty(dev), z, z.clone()
-    keys, inv = torch.unique(encode_leaf_keys(brick_ijk >> 1), return_inverse=True)
-    b = brick_in_leaf(brick_ijk << 2)
-    present = torch.zeros((keys.numel(), 8), dtype=torch.bool, device=dev)
-    present[inv, b] = True
-    # every leaf holds a brick: no empty leaf to drop (``_from_leaves`` would filter them: a host sync)
-    return IndexGrid(make_leaves(keys, brick_masks(present))), inv, b
 
 
 class BrickLayer:
@@ -367,38 +354,97 @@ class BrickLayer:
     def allocate(self, brick_ijk: torch.Tensor) -> torch.Tensor:
         """Make sure the bricks (unique int64 ``[M, 3]``) exist; return their slots (int64 ``[M]``).
 
-        grow: the shell grid of the bricks; merge: into the layer's grid (a new epoch, linear in the
-        leaves); inject: the leaf-level slot table into the new leaf order; new bricks get fresh slots.
+        :meth:`allocate_kept` with every brick kept: one host sync (three sizes read together)."""
+        return self.allocate_kept(brick_ijk)[1]
+
+    def allocate_kept(
+        self, brick_ijk: torch.Tensor, keep: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make sure the bricks flagged in bool ``[M]`` ``keep`` (all when None) of the unique int64
+        ``[M, 3]`` ``brick_ijk`` exist; return (int64 ``[K]`` rows of the kept bricks, in input order; their
+        slots, int64 ``[K]``). Bricks not kept are neither allocated nor marked written.
+
+        All on the device, then **one host sync**: a vector of three sizes (new leaves, new bricks, kept
+        bricks), which the sorted leaf layout and the pool need on the host. Existing bricks are found by
+        binary search in the layer's leaf keys; the new leaves are the distinct leaf keys of the missing
+        bricks (one sort of the frame's ``M`` keys, no ``torch.unique``), spliced into the sorted keys
+        (:func:`mapper.kernels.setops.insert_sorted_keys`); the k-th missing brick (input order) takes the
+        k-th fresh slot of :meth:`PagedPool.alloc`. With no new leaf the keys and the tile index are reused
+        and the slot table is written in place; with no new brick the grid is unchanged. What stays O(leaves)
+        per frame with new leaves: the re-layout of the leaf keys, masks, slot and version tables.
         """
+        dev = self.device
         m = brick_ijk.shape[0]
+        z = torch.zeros(0, dtype=torch.int64, device=dev)
         if m == 0:
-            return torch.zeros(0, dtype=torch.int64, device=self.device)
-        shell, leaf_of, b = bricks_grid(brick_ijk)
-        merged, pos_old, pos_shell = self.grid.merged_grid_with_positions(shell)
+            return z, z
+        old = self.grid.leaves
+        la = old.keys.numel()
+        lk = encode_leaf_keys(brick_ijk >> 1)
+        b = brick_in_leaf(brick_ijk << 2)
+        if la:
+            in_old = lookup_leaves(old.keys, lk)
+            cur = self.slots[in_old.clamp(min=0), b].to(torch.int64)
+            cur = torch.where(in_old >= 0, cur, -1)
+        else:
+            in_old = torch.full_like(lk, -1)
+            cur = in_old
+        kept = torch.ones(m, dtype=torch.bool, device=dev) if keep is None else keep.to(torch.bool)
+        missing = kept & (cur < 0)
+        # new leaves: the distinct leaf keys of missing bricks without a leaf (the others sort last)
+        sk, order = torch.sort(torch.where(missing & (in_old < 0), lk, _KEY_SENTINEL))
+        first = sk != _KEY_SENTINEL
+        first[1:] &= sk[1:] != sk[:-1]
+        leaf_rank_sorted = torch.cumsum(first, 0) - 1
+        brick_rank = torch.cumsum(missing, 0) - 1
+        kept_rank = torch.cumsum(kept, 0) - 1
+        sizes = torch.stack((leaf_rank_sorted[-1], brick_rank[-1], kept_rank[-1])) + 1
+        n_leaves, n_bricks, n_kept = sizes.tolist()  # the one host sync of the allocation
+        if n_kept == 0:
+            return z, z
         slots, bver = self.slots, self.brick_versions
-        if merged.num_leaves != self.grid.num_leaves:
-            slots = torch.full((merged.num_leaves, 8), -1, dtype=torch.int32, device=self.device)
+        leaf = in_old
+        if n_leaves:
+            new_keys = torch.empty(n_leaves + 1, dtype=torch.int64, device=dev)
+            new_keys[torch.where(first, leaf_rank_sorted, n_leaves)] = sk  # the last row collects the rest
+            keys, pos_old, pos_new = insert_sorted_keys(old.keys, new_keys[:n_leaves])
+            slots = torch.full((keys.numel(), 8), -1, dtype=torch.int32, device=dev)
             slots[pos_old] = self.slots
-            bver = torch.full((merged.num_leaves, 8), -1, dtype=torch.int64, device=self.device)
+            bver = torch.full((keys.numel(), 8), -1, dtype=torch.int64, device=dev)
             bver[pos_old] = self.brick_versions
+            leaf_rank = torch.empty_like(leaf_rank_sorted)
+            leaf_rank[order] = leaf_rank_sorted
+            at_new = pos_new[leaf_rank.clamp(0, n_leaves - 1)]
+            leaf = torch.where(in_old >= 0, pos_old[in_old.clamp(min=0)], at_new) if la else at_new
         elif self._topology_shared:  # written in place below: a frozen view holds these
             slots, bver = slots.clone(), bver.clone()
         self._topology_shared = False
-        leaf = pos_shell[leaf_of]
-        cur = slots[leaf, b]
-        missing = cur < 0
-        rank = torch.cumsum(missing, 0) - 1
-        n_new = int(rank[-1]) + 1  # the one sync of the allocation: how many fresh slots
-        cur = cur.to(torch.int64)
-        if n_new:
-            # the k-th missing brick takes the k-th fresh slot (gather + where: no boolean-mask indexing)
-            fresh = self.pool.alloc(n_new)
-            cur = torch.where(missing, fresh[rank.clamp(min=0)], cur)
-            slots[leaf, b] = cur.to(torch.int32)
+        slot = cur
+        if n_bricks:
+            fresh = self.pool.alloc(n_bricks)
+            slot = torch.where(missing, fresh[brick_rank.clamp(0, n_bricks - 1)], cur)
         self.version += 1
-        bver[leaf, b] = self.version
-        self.grid, self.slots, self.brick_versions = merged, slots, bver
-        return cur.to(torch.int64)
+        # every kept brick has its own cell now; a row not kept repeats the write of a kept row (same cell,
+        # same value: no conflicting duplicates, no boolean mask)
+        flat = leaf.clamp(min=0) * 8 + b
+        if keep is not None:
+            j = kept.to(torch.uint8).argmax().reshape(1)  # gathered, not ``x[j]``: a 0-dim index is read back
+            flat = torch.where(kept, flat, flat.index_select(0, j))
+            slot = torch.where(kept, slot, slot.index_select(0, j))
+        if n_bricks:
+            slots.view(-1)[flat] = slot.to(torch.int32)
+        bver.view(-1).scatter_(0, flat, self.version)  # a scalar kernel argument (no host-to-device copy)
+        if n_bricks:
+            keys = keys if n_leaves else old.keys
+            tiles = None if n_leaves else self.grid.cached_tiles
+            self.grid = IndexGrid(make_leaves(keys, brick_masks(slots >= 0)), tiles)
+        self.slots, self.brick_versions = slots, bver
+        if keep is None:
+            return torch.arange(m, dtype=torch.int64, device=dev), slot
+        rows = torch.empty(n_kept + 1, dtype=torch.int64, device=dev)
+        rows[torch.where(kept, kept_rank, n_kept)] = torch.arange(m, dtype=torch.int64, device=dev)
+        rows = rows[:n_kept]
+        return rows, slot[rows]
 
     def touch(self, brick_ijk: torch.Tensor) -> None:
         """Record that the (existing) bricks' voxels changed without an allocation (decay, clearing)."""

@@ -21,7 +21,14 @@ from . import _validation as v
 from . import maintenance, map_io
 from .errors import InvalidArgument
 from .integrators.base import BrickQueue, DepthFrame, LidarFrame
-from .integrators.common import check_color, check_depth, check_intrinsics, check_points, check_pose
+from .integrators.common import (
+    check_color,
+    check_depth,
+    check_intrinsics,
+    check_points,
+    check_pose,
+    host_to_device,
+)
 from .kernels.keys import COORD_LIMIT_VOX
 from .layer_kinds import StoredLayer
 from .map_config import MapConfig
@@ -208,7 +215,7 @@ class Map(MapReads):
         T_host = self.check_sensor_pose(T_world_sensor).clone()  # returned as is: no copy back
         if admit is not None and not track:
             admit(T_host)
-        T = T_host.to(self.device)
+        T = host_to_device(T_host, self.device)
         r = torch.linalg.vector_norm(pts, dim=1)
         ok = torch.isfinite(pts).all(dim=1) & (r > 1e-6) & (r <= self.max_range_m)
         pts = pts[ok].to(torch.float64)
@@ -309,7 +316,7 @@ class Map(MapReads):
         return T
 
     def _check_sensor_pose(self, T_world_sensor) -> torch.Tensor:
-        return self.check_sensor_pose(T_world_sensor).to(self.device)
+        return host_to_device(self.check_sensor_pose(T_world_sensor), self.device)
 
     # ------------------------------------------------------------------------------------------ ESDF
     def update_esdf(self) -> dict:

@@ -8,12 +8,20 @@ import math
 
 import pytest
 import torch
+from sync_count import SyncCounter, cuda_syncs
 
 from mapper import Map, budget, sim
+from mapper.grid import IndexGrid
 from mapper.integrators import free as free_space
-from mapper.integrators.tsdf import pixel_rays
+from mapper.integrators.tsdf import (
+    TsdfConfig,
+    depth_band_bricks,
+    depth_band_bricks_compact,
+    depth_band_bricks_keyed,
+    pixel_rays,
+)
 from mapper.kernels.setops import merge_with_positions_torch
-from mapper.kernels.topology import make_leaves
+from mapper.kernels.topology import build_tiles, make_leaves
 from mapper.layers import BrickLayer, FieldSpec
 
 
@@ -190,3 +198,126 @@ def test_no_triton_compile_inside_a_sequence():
     assert ml.bricks["tsdf"] > 0 and md.bricks["tsdf"] > 0
     assert all("_coarse_kernel" in n for n in names), names
     assert math.isfinite(float(ml.stats()["layers"]["tsdf"]["voxels"]))
+
+
+def _grid_of_bricks(bricks: torch.Tensor, device) -> IndexGrid:
+    """Reference: the grid of every voxel of the bricks (int64 ``[B, 3]``), built from scratch."""
+    local = torch.stack(torch.meshgrid(*[torch.arange(4)] * 3, indexing="ij"), dim=-1).reshape(64, 3)
+    return IndexGrid.from_ijk((bricks.cpu()[:, None, :] * 4 + local).reshape(-1, 3), device=device)
+
+
+def test_allocate_kept_allocates_only_the_kept_bricks(device):
+    """``allocate_kept``: kept bricks get slots (existing ones keep theirs, new ones in input order take
+    the pool's next slots), dropped ones are not allocated and not marked written; the grid equals one
+    built from scratch from all allocated bricks, its tile index included (reused when no leaf is new)."""
+    g = torch.Generator().manual_seed(3)
+    layer = BrickLayer({"v": FieldSpec(torch.float32, (), 0.0)}, device, page_bricks=64)
+    ref: dict[tuple, int] = {}
+    written: dict[tuple, int] = {}
+    for step in range(6):
+        lo = -6 if step < 4 else -2  # the last frames stay inside known leaves
+        bricks = torch.unique(torch.randint(lo, -lo, (50, 3), generator=g), dim=0)
+        bricks = bricks[torch.randperm(bricks.shape[0], generator=g)]
+        keep = torch.rand(bricks.shape[0], generator=g) < 0.6
+        if step == 5:
+            keep[:] = False  # nothing kept: nothing changes
+        assert layer.grid.tiles is not None  # built now: reused or rebuilt below
+        v0 = layer.version
+        rows, slots = layer.allocate_kept(bricks.to(device), keep.to(device))
+        exp_rows = keep.nonzero().squeeze(1).tolist()
+        assert rows.cpu().tolist() == exp_rows
+        kept = [tuple(x) for x in bricks[keep].tolist()]
+        new = [x for x in kept if x not in ref]
+        ref.update(zip(new, range(len(ref), len(ref) + len(new)), strict=True))
+        assert slots.cpu().tolist() == [ref[x] for x in kept]
+        if kept:
+            assert layer.version == v0 + 1
+            written.update(dict.fromkeys(kept, layer.version))
+        else:
+            assert layer.version == v0
+        table, tslots = layer.brick_table()
+        assert {tuple(x): s for x, s in zip(table.tolist(), tslots.tolist(), strict=True)} == ref
+        expect = _grid_of_bricks(torch.tensor(list(ref)), device)
+        assert torch.equal(layer.grid.leaves.keys, expect.leaves.keys)
+        assert torch.equal(layer.grid.leaves.masks, expect.leaves.masks)
+        assert torch.equal(layer.grid.leaves.offsets, expect.leaves.offsets)
+        for a, b in zip(layer.grid.tiles, build_tiles(expect.leaves.keys), strict=True):
+            assert torch.equal(a, b)
+        leaf, bi = (layer.slots >= 0).nonzero(as_tuple=True)
+        lc = layer.grid.leaf_ijk.to(torch.int64)[leaf]
+        bc = lc * 2 + torch.stack(((bi >> 2) & 1, (bi >> 1) & 1, bi & 1), dim=1)
+        vers = layer.brick_versions[leaf, bi]
+        assert {tuple(x): int(w) for x, w in zip(bc.tolist(), vers.tolist(), strict=True)} == written
+
+
+@pytest.mark.parametrize("case", ["new_leaves", "new_bricks_in_known_leaves", "nothing_new"])
+def test_allocate_reads_one_size_vector(case, device):
+    """The allocation's host syncs: one read (the sizes), whatever is new. CPU: counted on the torch calls
+    that sync on a GPU (tests/sync_count.py); CUDA: as the driver reports them, after the same calls on a
+    throwaway layer (steady state: the process's one-time initialisations done)."""
+    bricks = {
+        "new_leaves": [[20, 0, 0], [21, 0, 0], [0, 0, 1]],
+        "new_bricks_in_known_leaves": [[0, 0, 1], [8, 9, 9]],
+        "nothing_new": [[0, 0, 0], [9, 9, 9]],
+    }[case]
+    b = torch.tensor(bricks, device=device)
+    keep = torch.tensor([True] * (len(bricks) - 1) + [False], device=device)
+    for counted in (False, True):
+        layer = BrickLayer({"v": FieldSpec(torch.float32, (), 0.0)}, device)
+        layer.allocate(torch.tensor([[0, 0, 0], [9, 9, 9]], device=device))
+        for args in ((b, keep), (b,)):
+            if not counted:
+                layer.allocate_kept(*args)
+            elif device.type == "cuda":
+                with cuda_syncs() as sites:
+                    layer.allocate_kept(*args)
+                assert sum(sites.values()) == 1, sites
+            else:
+                with SyncCounter() as c:
+                    layer.allocate_kept(*args)
+                assert c.total == 1, c.sites
+
+
+@pytest.mark.parametrize("voxel_m", [0.02, 0.05])
+def test_depth_band_bricks_keyed_equal_the_compacting_path(voxel_m, device):
+    """The depth grow without compaction (every pixel walked, invalid ones keyed -1) finds exactly the
+    bricks of the previous implementation (valid pixels and cells compacted, then ``unique_voxels``):
+    holes, NaN, +-inf, negative and out-of-range depths, one frame far from the origin."""
+    cam = sim.PinholeCamera(96, 72, 80.0, 80.0, 48.0, 36.0)
+    scene = sim.indoor_scene(1, device=device)
+    T = sim.orbit_trajectory(2, scene=scene)[1].to(device).to(torch.float64)
+    depth = cam.render_depth(scene, T, 10.0)
+    depth[3:9, 5:40] = 0.0
+    depth[20, 20:30] = float("nan")
+    depth[21, 20:25] = float("inf")
+    depth[22, 20:25] = -float("inf")
+    depth[23, 20:25] = -1.0
+    depth[24, 20:25] = 12.0  # beyond max_range_m
+    cfg = TsdfConfig(voxel_m)
+    K = cam.K.to(device).to(torch.float64)
+    got = depth_band_bricks_keyed(depth, K, T, cfg, 10.0)
+    ref = depth_band_bricks_compact(depth, K, T, cfg, 10.0)
+    assert ref.shape[0] > 100
+    assert torch.equal(got, ref)
+    far = T.clone()
+    far[:3, 3] += torch.tensor([1.0e4 * voxel_m, 0.0, 0.0], dtype=torch.float64, device=device)
+    assert torch.equal(
+        depth_band_bricks_keyed(depth, K, far, cfg, 10.0), depth_band_bricks_compact(depth, K, far, cfg, 10.0)
+    )
+    none = torch.zeros_like(depth)
+    assert depth_band_bricks_keyed(none, K, T, cfg, 10.0).shape == (0, 3)
+    assert torch.equal(depth_band_bricks(depth, K, T, cfg, 10.0), ref)  # the dispatch
+
+
+def test_depth_band_bricks_keyed_reads_two_sizes():
+    """The keyed depth grow's host syncs (counted on the torch calls that sync on a GPU): the bricks' box
+    and their count, nothing per pixel or per cell."""
+    cam = sim.PinholeCamera(64, 48, 50.0, 50.0, 32.0, 24.0)
+    scene = sim.indoor_scene(1)
+    T = sim.orbit_trajectory(2, scene=scene)[1].to(torch.float64)
+    depth = cam.render_depth(scene, T, 10.0)
+    depth[4:9, 3:30] = 0.0
+    with SyncCounter() as c:
+        bricks = depth_band_bricks_keyed(depth, cam.K.to(torch.float64), T, TsdfConfig(0.02), 10.0)
+    assert bricks.shape[0] > 50
+    assert c.total == 2, c.sites

@@ -271,6 +271,16 @@ def test_unique_brick_ranks(dense, box, backend):
         assert torch.equal(S.brick_keys(bricks[r[r >= 0].long()]), k[k >= 0])
 
 
+@pytest.mark.parametrize("dense", [True, False])
+def test_unique_brick_ranks_without_invalid_keys(dense):
+    """No ``-1`` key at all: every key ranked, the first brick included (the sort path appends a ``-1`` key
+    of its own instead of reading whether one was there)."""
+    keys = S.brick_keys(torch.tensor([[5, 1, 2], [-3, 0, 0], [5, 1, 2], [0, 0, 7]]))
+    bricks, (r,) = S.unique_brick_ranks(keys, max_dense_cells=(1 << 26) if dense else 0)
+    assert bricks.tolist() == [[-3, 0, 0], [0, 0, 7], [5, 1, 2]]
+    assert r.tolist() == [2, 0, 2, 1]
+
+
 def test_unique_brick_ranks_empty():
     bricks, (r,) = S.unique_brick_ranks(torch.full((4,), -1, dtype=torch.int64))
     assert bricks.shape == (0, 3) and r.tolist() == [-1] * 4

@@ -21,6 +21,7 @@ from ..kernels.keys import (  # noqa: F401 (re-exported: the integrators' keys)
     keys_to_ijk,
     voxel_keys,
 )
+from ..kernels.transfer import host_to_device  # noqa: F401 (re-exported: map.py)
 
 # voxel keys for aggregation (mapper.kernels.keys owns the format; the names are re-exported here)
 KEY_BITS = VOXEL_KEY_BITS
@@ -46,7 +47,7 @@ def check_pose(name: str, T, device: torch.device) -> torch.Tensor:
         raise InvalidArgument(f"{name}: the rotation block is not a rotation (R R^T != I or det < 0)")
     if not torch.allclose(t[3], torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64), atol=1e-6):
         raise InvalidArgument(f"{name}: last row must be [0, 0, 0, 1]")
-    return t.to(device)
+    return host_to_device(t, device)
 
 
 def check_intrinsics(
@@ -66,7 +67,7 @@ def check_intrinsics(
         check_pinhole(
             name, float(t[0, 0]), float(t[1, 1]), float(t[0, 2]), float(t[1, 2]), image_hw[1], image_hw[0]
         )
-    return t.to(device)
+    return host_to_device(t, device)
 
 
 def check_points(name: str, pts, device: torch.device) -> torch.Tensor:

@@ -113,7 +113,7 @@ def integrate_rays(
             walk_segments(MISS, o, dirs, zero, length, None, seg_ray, seg_rank, bricks, s, (flags,))
         del frame, seg_ray, seg_rank
         hit_at = torch.where(end_rank >= 0, end_rank.to(torch.int64) * 64 + brick_offsets(end), u * 64)
-        flags[hit_at] = 2  # after the misses: a hit wins within the frame
+        flags.scatter_(0, hit_at, 2)  # after the misses: a hit wins (a scalar argument: no host copy)
         flags = flags[: u * 64].view(u, 64)
     with timer("merge"):
         slots = layer.allocate(bricks)

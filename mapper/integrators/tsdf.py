@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.dispatch import kernel
+from ..kernels.keys import brick_keys
 from ..kernels.normals import scan_normals
-from ..kernels.segments import BAND, FrameSegments, walk_segments
+from ..kernels.segments import BAND, FrameSegments, unique_brick_ranks, walk_segments
 from ..layer_kinds import TsdfLayer
 from ..layers import BrickLayer, FieldSpec, brick_local_coords, brick_offsets
 from .base import DepthFrame, LidarFrame, no_timer
@@ -148,6 +149,18 @@ def lidar_band_samples(origin: torch.Tensor, points_w: torch.Tensor, cfg: TsdfCo
     return ijk[ok], sdf[ok], w[ok]
 
 
+def _pixel_dirs(idx: torch.Tensor, w: int, K: torch.Tensor, T: torch.Tensor):
+    """World unit directions (float64 ``[P, 3]``) of pixels ``idx`` (row-major, image width ``w``), and the
+    length of each pixel's ray per metre of depth (``[P]``)."""
+    u = (idx % w).to(torch.float64)
+    v = (idx // w).to(torch.float64)
+    x = (u - K[0, 2]) / K[0, 0]
+    y = (v - K[1, 2]) / K[1, 1]
+    ray = torch.stack((x, y, torch.ones_like(x)), dim=1)
+    n = torch.linalg.vector_norm(ray, dim=1)
+    return (ray / n[:, None]) @ T[:3, :3].T, n
+
+
 def pixel_rays(depth: torch.Tensor, K: torch.Tensor, T: torch.Tensor, max_range_m: float):
     """Valid pixels of a depth image as world rays: (pixel index ``[P]``, origin ``[3]``, unit dirs
     ``[P, 3]``, range along the ray ``[P]``), float64."""
@@ -155,20 +168,48 @@ def pixel_rays(depth: torch.Tensor, K: torch.Tensor, T: torch.Tensor, max_range_
     d = depth.reshape(-1)
     ok = torch.isfinite(d) & (d > 0) & (d <= max_range_m)
     idx = ok.nonzero().squeeze(1)
-    u = (idx % w).to(torch.float64)
-    v = (idx // w).to(torch.float64)
-    x = (u - K[0, 2]) / K[0, 0]
-    y = (v - K[1, 2]) / K[1, 1]
-    ray = torch.stack((x, y, torch.ones_like(x)), dim=1)
-    n = torch.linalg.vector_norm(ray, dim=1)
-    dirs = (ray / n[:, None]) @ T[:3, :3].T
+    dirs, n = _pixel_dirs(idx, w, K, T)
     return idx, T[:3, 3], dirs, d[idx].to(torch.float64) * n
 
 
 def depth_band_bricks(
     depth: torch.Tensor, K: torch.Tensor, T: torch.Tensor, cfg: TsdfConfig, max_range_m: float
 ):
-    """Unique bricks (int64 ``[B, 3]``, brick coordinates) crossed by the pixels' truncation bands."""
+    """Unique bricks (int64 ``[B, 3]``, brick coordinates, sorted by key) crossed by the valid pixels'
+    truncation bands: :func:`depth_band_bricks_keyed` on CUDA (few host syncs), else
+    :func:`depth_band_bricks_compact` (less work: the CPU path); same result."""
+    impl = depth_band_bricks_keyed if depth.device.type == "cuda" else depth_band_bricks_compact
+    return impl(depth, K, T, cfg, max_range_m)
+
+
+def depth_band_bricks_keyed(depth, K, T, cfg: TsdfConfig, max_range_m: float):
+    """:func:`depth_band_bricks` without compaction: every pixel is walked (no boolean-mask indexing); an
+    invalid pixel walks a dummy ray and its cells get key ``-1``, as do cells outside the key range; the keys
+    are de-duplicated by :func:`mapper.kernels.segments.unique_brick_ranks` (a bitmap over the keys' box).
+    Host syncs: two size reads there (the box, the brick count); the compacting version has five."""
+    h, w = depth.shape
+    d = depth.reshape(-1)
+    ok = torch.isfinite(d) & (d > 0) & (d <= max_range_m)
+    origin = T[:3, 3]
+    bs = 4 * cfg.voxel_size_m
+    steps = max_dda_steps(2 * cfg.tau, bs)
+    keys = []
+    for sl in chunked_rays(d.numel(), depth.device, rows=1 << 15):
+        idx = torch.arange(sl.start, sl.stop, device=depth.device)
+        dirs, n = _pixel_dirs(idx, w, K, T)
+        r = torch.where(ok[sl], d[sl].to(torch.float64), 1.0) * n
+        o = origin.expand(r.numel(), 3)
+        cells, _, valid = dda(o, dirs, (r - cfg.tau).clamp(min=0.0), r + cfg.tau, bs, steps)
+        k = brick_keys(cells.reshape(-1, 3)).view(r.numel(), steps)  # -1 outside the key range
+        keys.append(torch.where(valid & ok[sl, None], k, -1).reshape(-1))
+    # dense up to 2^26 cells whatever the key count (a bitmap beats a sort of the keys, as in unique_voxels)
+    bricks, _ = unique_brick_ranks(*keys, dense_slack=1 << 26)
+    return bricks
+
+
+def depth_band_bricks_compact(depth, K, T, cfg: TsdfConfig, max_range_m: float):
+    """:func:`depth_band_bricks` by compaction: the valid pixels, then the crossed cells, then
+    ``unique_voxels`` (five host syncs on CUDA; on the CPU less work than walking every pixel)."""
     _, origin, dirs, rng = pixel_rays(depth, K, T, max_range_m)
     bs = 4 * cfg.voxel_size_m
     steps = max_dda_steps(2 * cfg.tau, bs)
@@ -260,15 +301,15 @@ def integrate_lidar(
             )
         del frame, seg_ray, seg_rank
         sdf_sum, w_sum = sdf_sum.view(u, 64), w_sum.view(u, 64)
-        keep = (w_sum > 0).any(dim=1).nonzero().squeeze(1)  # bricks with samples (sync: their count)
+        has_samples = (w_sum > 0).any(dim=1)  # bricks whose band ends beyond -tau got none: not allocated
+    with timer("merge"):
+        keep, slots = layer.allocate_kept(bricks, has_samples)  # one size read: new leaves, bricks, kept
         if keep.numel() == 0:
             return _no_bricks(dev)
-        if keep.numel() < u:
-            bricks = bricks[keep]
-    with timer("merge"):
-        slots = layer.allocate(bricks)
-    with timer("update"):
         all_kept = keep.numel() == u
+        if not all_kept:
+            bricks = bricks[keep]
+    with timer("update"):
         step = UPDATE_BRICKS_CPU if dev.type == "cpu" else UPDATE_BRICKS_GPU
         for c0 in range(0, keep.numel(), step):
             sl = slice(c0, c0 + step)

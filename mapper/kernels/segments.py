@@ -352,12 +352,15 @@ def dense_flat_torch(keys: torch.Tensor, lo, ext, cells: int, seen: torch.Tensor
     ``seen[index] = 1``; int64 indices, in row chunks."""
     dev = keys.device
     f = torch.cat([_dense_flat_torch(keys[sl], lo, ext, cells) for sl in row_slices(keys.numel(), dev)])
-    seen[f] = 1
+    seen.index_fill_(0, f, 1)  # the scalar as a kernel argument (``seen[f] = 1`` copies it from the host)
     return f
 
 
 def unique_brick_ranks(
-    *keys: torch.Tensor, bbox: torch.Tensor | None = None, max_dense_cells: int = 1 << 26
+    *keys: torch.Tensor,
+    bbox: torch.Tensor | None = None,
+    max_dense_cells: int = 1 << 26,
+    dense_slack: int = 1 << 20,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The distinct bricks of int64 key tensors (``-1`` = none) and every key's rank among them.
 
@@ -365,9 +368,9 @@ def unique_brick_ranks(
     ``bbox`` (``[[lo], [hi]]`` or an int64 ``[2, 3]`` tensor, optional): a box of bricks known to hold
     every key's brick (e.g. the one :func:`brick_segments` returns; on the dense path a key outside it
     gets rank -1); by default the keys' own box. Dense path (the box has at most ``max_dense_cells``
-    cells and not many more than the keys): a bitmap and a rank table over the box (linear, no sort; on
-    CUDA one Triton pass marks the bitmap); otherwise ``torch.unique``. Host syncs: the brick count (and
-    the box when it is a tensor).
+    cells and at most ``4 n + dense_slack`` for ``n`` keys): a bitmap and a rank table over the box (linear,
+    no sort; on CUDA one Triton pass marks the bitmap); otherwise ``torch.unique``. Host syncs: the brick
+    count (and the box when it is a tensor, or computed here).
     """
     dev = keys[0].device
     n = sum(k.numel() for k in keys)
@@ -380,24 +383,23 @@ def unique_brick_ranks(
         return _no_bricks(dev, keys)
     ext = [b - a + 1 for a, b in zip(lo, hi, strict=True)]
     cells = ext[0] * ext[1] * ext[2]
-    if cells <= max_dense_cells and cells <= 4 * n + (1 << 20):
+    if cells <= max_dense_cells and cells <= 4 * n + dense_slack:
         seen = torch.zeros(cells + 1, dtype=torch.uint8, device=dev)
         impl = kernel(dev, dense_flat_torch, "triton_segments:dense_flat_triton")
         flats = [impl(k, lo, ext, cells, seen) for k in keys]
         idx = seen[:cells].nonzero().squeeze(1)  # sync: the brick count
         table = torch.empty(cells + 1, dtype=torch.int32, device=dev)
         table[idx] = torch.arange(idx.numel(), dtype=torch.int32, device=dev)
-        table[cells] = -1
+        table[cells:].fill_(-1)  # fill_: no host-to-device copy of the scalar (``table[cells] = -1`` syncs)
         a = idx // (ext[1] * ext[2])
         r = idx % (ext[1] * ext[2])
         bricks = torch.stack((a + lo[0], r // ext[2] + lo[1], r % ext[2] + lo[2]), dim=1)
         return bricks, [table.index_select(0, f) for f in flats]
-    allk = torch.cat(keys)
+    # a -1 key appended: the first unique key is always -1 (no host read to find out whether one was there)
+    allk = torch.cat((*keys, torch.full((1,), -1, dtype=torch.int64, device=dev)))
     uk, inv = torch.unique(allk, return_inverse=True)
-    inv = inv.to(torch.int32)
-    if int(uk[0]) < 0:  # the -1 keys
-        uk = uk[1:]
-        inv = inv - 1
+    uk = uk[1:]
+    inv = inv[:-1].to(torch.int32) - 1
     return keys_to_bricks(uk), list(torch.split(inv, [k.numel() for k in keys]))
 
 

@@ -94,3 +94,21 @@ def refine_torch(leaves: Leaves) -> Leaves:
     keys = encode_leaf_keys(parent * 2 + octant)
     keys, order = torch.sort(keys)
     return make_leaves(keys, pack_bits(up.reshape(-1, 512)[order]))
+
+
+def insert_sorted_keys(a: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Splice sorted unique keys ``new`` (int64 ``[N]``, none in ``a``) into sorted unique keys ``a`` (int64
+    ``[La]``): (int64 ``[La + N]`` sorted keys, where each key of ``a`` landed ``[La]``, where each key of
+    ``new`` landed ``[N]``). No sort and no host sync: every key's place is its insertion point plus the
+    number of keys of the other set before it, ``O(La + N log La)``."""
+    dev = a.device
+    la, n = a.numel(), new.numel()
+    ins = torch.searchsorted(a, new)  # insertion point of each new key among a's keys
+    pos_new = ins + torch.arange(n, dtype=torch.int64, device=dev)
+    shift = torch.zeros(la + 1, dtype=torch.int64, device=dev)
+    shift.scatter_add_(0, ins, torch.ones_like(ins))
+    pos_a = torch.arange(la, dtype=torch.int64, device=dev) + torch.cumsum(shift, 0)[:la]
+    keys = torch.empty(la + n, dtype=torch.int64, device=dev)
+    keys[pos_a] = a
+    keys[pos_new] = new
+    return keys, pos_a, pos_new
