@@ -37,7 +37,11 @@ def test_steady_state_frame_host_syncs(kind):
     if kind == "depth_tsdf":
         m = Map(0.02, layers=("tsdf",), device=dev, max_range_m=8.0)
     else:
-        m = Map(0.1 if kind == "lidar_tsdf" else 0.05, layers=(kind.split("_")[0],), device=dev)
+        m = Map(
+            0.1 if kind == "lidar_tsdf" else 0.05,
+            layers=("tsdf",) if kind == "lidar_tsdf" else ("occupancy",),
+            device=dev,
+        )
     counts = []
     for i, f in enumerate(frames):
         with cuda_syncs() as sites:
