@@ -108,5 +108,7 @@ def cuda_syncs():
         finally:
             torch.cuda.set_sync_debug_mode(prev)
     for w in caught:
-        if "synchroniz" in str(w.message).lower():
+        # "called a synchronizing CUDA operation"; not the one-time notice that the mode is a prototype
+        # ("Synchronization debug mode is a prototype feature ...", at the first set_sync_debug_mode)
+        if "called a synchronizing" in str(w.message):
             sites[f"{w.filename.rsplit('/mapper/', 1)[-1]}:{w.lineno}"] += 1
