@@ -90,7 +90,7 @@ def _sync_count(fn) -> int:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message).lower() for w in rec)
+    return sum("called a synchronizing" in str(w.message) for w in rec)
 
 
 def main(argv=None):

@@ -276,7 +276,7 @@ def count_syncs(m: Map, kind: str, frames, dev: torch.device) -> dict:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     for w in rec:
-        if "synchroniz" not in str(w.message).lower():
+        if "called a synchronizing" not in str(w.message):
             continue
         total += 1
         key = f"{os.path.relpath(w.filename)}:{w.lineno}"
