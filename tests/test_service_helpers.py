@@ -58,7 +58,11 @@ def client(tmp_path: Path, **kw):
         yield c
 
 
-def wait_ready(c, timeout: float = 30.0) -> None:
+def wait_ready(c, timeout: float | None = None) -> None:
+    # on CUDA /readyz waits for the warm-up: every kernel compiled cold (cache empty) and the CUDA graphs
+    # captured, ~30-50 s with 8 test workers compiling at once on the H200 (a 30 s wait failed there once)
+    if timeout is None:
+        timeout = 180.0 if c.app.state.service.settings.device != "cpu" else 30.0
     deadline = time.monotonic() + timeout
     while c.get("/readyz").status_code != 200:
         assert time.monotonic() < deadline, "service never became ready"
