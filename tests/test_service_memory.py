@@ -53,13 +53,8 @@ def test_limit_arenas_zero_keeps_the_default():
     assert memory.limit_arenas(0) is False
 
 
-# ------------------------------------------------------------------------------------- heap probes
-@pytest.mark.skipif(memory.heap_info() is None, reason="needs glibc >= 2.33 (mallinfo2)")
-def test_mmap_threshold_returns_large_blocks_at_free():
-    """With a fixed threshold a freed large block leaves the process at once (mmapped, unmapped on free),
-    while glibc's dynamic threshold keeps such blocks in the arena after the first one was freed. In a
-    subprocess: the setting is process-wide and cannot be undone."""
-    code = r"""
+# the subprocesses' start: mapper.api.memory loaded alone (no torch import) and libc's malloc/free/memset
+LIBC_PROBE = r"""
 import ctypes, importlib.util, sys
 spec = importlib.util.spec_from_file_location("memory", sys.argv[2])  # alone: no torch import
 memory = importlib.util.module_from_spec(spec)
@@ -69,6 +64,18 @@ libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+"""
+
+
+# ------------------------------------------------------------------------------------- heap probes
+@pytest.mark.skipif(memory.heap_info() is None, reason="needs glibc >= 2.33 (mallinfo2)")
+def test_mmap_threshold_returns_large_blocks_at_free():
+    """With a fixed threshold a freed large block leaves the process at once (mmapped, unmapped on free),
+    while glibc's dynamic threshold keeps such blocks in the arena after the first one was freed. In a
+    subprocess: the setting is process-wide and cannot be undone."""
+    code = (
+        LIBC_PROBE
+        + r"""
 if sys.argv[1] == "fixed":
     assert memory.set_mmap_threshold(1 << 20)
 n = 8 << 20
@@ -79,6 +86,7 @@ live = memory.heap_info()
 libc.free(b)
 print(before, memory.rss_bytes(), live["mmap"], live["in_use"])
 """
+    )
     out = {}
     for mode in ("dynamic", "fixed"):
         cmd = [sys.executable, "-c", code, mode, memory.__file__]
@@ -93,16 +101,9 @@ print(before, memory.rss_bytes(), live["mmap"], live["in_use"])
     assert after - before > 6 << 20  # ... and still resident after free
 
 
-FRAGMENT = r"""
-import ctypes, importlib.util, sys
-spec = importlib.util.spec_from_file_location("memory", sys.argv[2])  # alone: no torch import
-memory = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(memory)
-libc = ctypes.CDLL("libc.so.6")
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+FRAGMENT = (
+    LIBC_PROBE
+    + r"""
 assert memory.set_mmap_threshold(int(sys.argv[1]))
 size, n = 256 << 10, 200  # 50 MiB of request temporaries, each followed by a small block that stays
 before = memory.rss_bytes()
@@ -116,6 +117,7 @@ for b in temps:
 free = sum(a["free"] for a in memory.malloc_arenas())
 print(before, memory.rss_bytes(), live["mmap"], free)
 """
+)
 
 
 @pytest.mark.skipif(memory.heap_info() is None, reason="needs glibc >= 2.33 (mallinfo2)")
