@@ -649,9 +649,20 @@ def _mesh_graphed(layer, s: float, req: torch.Tensor, nbr: torch.Tensor, with_co
         n_tri, nv, nb, nr, bad = sizes.tolist()  # the one read-back
         if n_tri > mb * GRAPH_TRI_PER_BRICK or bad:
             return None
-        outputs = (keys, pos, nrm, col, faces, blocks, offsets, removed)
-        sizes = (n_tri, nv, nb, nr if partial else 0)
-        return _graph_mesh(outputs, sizes, req, layer, s, with_color, full=not partial)
+        zero = torch.zeros(1, dtype=torch.int64, device=dev)
+        return Mesh(
+            vertices=pos[:nv].clone(),
+            faces=faces[:n_tri].to(torch.int32),
+            normals=nrm[:nv].clone(),
+            colors=col[:nv].clone() if with_color else None,
+            vertex_keys=keys[:nv].clone(),
+            blocks=req.index_select(0, blocks[:nb]),
+            block_face_offsets=torch.cat((zero, offsets[:nb])),
+            removed_blocks=req.index_select(0, removed[:nr]) if partial else req[:0],
+            version=layer.version,
+            full=not partial,
+            voxel_size_m=s,
+        )
 
 
 def _fill_pool(inp, pool, s: float, with_color: bool) -> None:
@@ -724,16 +735,8 @@ def _delta_mesh(out, layer, s: float, since: int, with_color: bool, cb: int, siz
     n_tri, nv, nb, nr, bad, _n_req, over = sizes_t.tolist() if sizes is None else sizes
     if over or bad or n_tri > cb * GRAPH_TRI_PER_CHANGED:
         return None
-    outputs = (keys, pos, nrm, col, faces, blocks, offsets, removed)
-    return _graph_mesh(outputs, (n_tri, nv, nb, nr), req, layer, s, with_color, full=False, since=since)
-
-
-def _graph_mesh(outputs, sizes, req, layer, s: float, with_color: bool, full: bool, since=None) -> Mesh:
-    """A :class:`Mesh` copied out of a graph's static outputs (``sizes`` = triangles, vertices, blocks,
-    removed blocks; block rows index ``req``); ``since``: the version a delta is relative to."""
-    keys, pos, nrm, col, faces, blocks, offsets, removed = outputs
-    n_tri, nv, nb, nr = sizes
-    zero = torch.zeros(1, dtype=torch.int64, device=req.device)
+    dev = req.device
+    zero = torch.zeros(1, dtype=torch.int64, device=dev)
     return Mesh(
         vertices=pos[:nv].clone(),
         faces=faces[:n_tri].to(torch.int32),
@@ -744,7 +747,7 @@ def _graph_mesh(outputs, sizes, req, layer, s: float, with_color: bool, full: bo
         block_face_offsets=torch.cat((zero, offsets[:nb])),
         removed_blocks=req.index_select(0, removed[:nr]),
         version=layer.version,
-        full=full,
+        full=False,
         since_version=since,
         voxel_size_m=s,
     )
