@@ -276,6 +276,13 @@ class ObjectWal:
     def close(self) -> None:
         self.sync()
 
+    def cut(self, size: int, first_seq: int) -> ObjectWal:
+        """After a failed sync: its PUT already dropped the batch's records (``size`` is not needed: nothing
+        of the batch reached the store); a writer whose next object starts at ``first_seq``."""
+        self._buf.clear()
+        self._first = None
+        return self
+
 
 # -------------------------------------------------------------------------------------------- a map
 class ObjectMapDir:

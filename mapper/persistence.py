@@ -20,6 +20,7 @@ fsync): a crash at any point leaves the previous snapshot and the log that cover
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -135,6 +136,19 @@ class WalWriter:
         if not self._f.closed:
             self.sync()
             self._f.close()
+
+    def cut(self, size: int, first_seq: int) -> WalWriter:
+        """After a failed append or sync: the segment truncated back to ``size`` bytes (what was durable
+        before the batch) and a writer that appends after it (``first_seq`` is the next record's seq)."""
+        with contextlib.suppress(Exception):
+            self.close()
+        with contextlib.suppress(Exception):  # close() stops at a failed flush: close the file anyway
+            self._f.close()  # (else its buffer could reach the file after the cut)
+        with open(self.path, "r+b") as f:
+            f.truncate(size)
+            f.flush()
+            os.fsync(f.fileno())
+        return WalWriter(self.path, self.fsync)
 
 
 def read_wal(path: Path, repair: bool = False) -> Iterator[tuple[int, bytes]]:

@@ -36,6 +36,10 @@ class WalLog(Protocol):
     def close(self) -> None:
         """``sync`` and release."""
 
+    def cut(self, size: int, first_seq: int) -> WalLog:
+        """After a failed sync: drop what was appended since the log held ``size`` bytes; returns the
+        writer to append with from ``first_seq`` on."""
+
 
 class MapFiles(Protocol):
     """The durable state of one map: ``info``, snapshots, the WAL, quarantined records."""

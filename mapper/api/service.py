@@ -55,7 +55,7 @@ from ..errors import (
     OutOfDeviceMemory,
 )
 from ..map import Map
-from ..persistence import MapDir, Snapshot, WalWriter, load_snapshot_bytes
+from ..persistence import MapDir, Snapshot, load_snapshot_bytes
 from ..settings import Settings
 from ..store import check_name, new_map_id, recover_map
 from ..store_backends import open_store
@@ -442,19 +442,7 @@ class MapEntry:
         refuses writes (503) and serves its last published version until the service restarts."""
         log.error("map %s: WAL failed; dropping the batch's records and reloading the map", self.id)
         try:
-            if isinstance(self.wal, WalWriter):
-                with contextlib.suppress(Exception):
-                    self.wal.close()
-                with contextlib.suppress(Exception):  # close() stops at a failed flush: close the file
-                    self.wal._f.close()  # anyway (else its buffer could reach the file after the cut)
-                path = self.wal.path
-                with open(path, "r+b") as f:
-                    f.truncate(size0)
-                    f.flush()
-                    os.fsync(f.fileno())
-                self.wal = WalWriter(path, self.wal.fsync)  # appends go on after the cut
-            else:  # an object store's WAL: a failed PUT already dropped the batch's records
-                self.wal = self.dir.open_wal(seq0 + 1)
+            self.wal = self.wal.cut(size0, seq0 + 1)  # the batch's records off the log
             self.last_seq = seq0
             if self._applied:
                 m, _, _, last, _ = recover_map(self.dir, self.map.device)
