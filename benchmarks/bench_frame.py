@@ -52,13 +52,18 @@ DEPTH_RANGE_M = 10.0
 
 
 # ------------------------------------------------------------------------------------------------ data
-def lidar_frames(n: int, dev: torch.device, beams: int):
+def lidar_frames(n: int, dev: torch.device, beams: int, poses_on_device: bool = False):
+    """(points on ``dev``, pose); the pose on the host, as the service has it, unless ``poses_on_device``."""
     lidar = sim.SpinningLidar(n_beams=beams, range_noise_std_m=0.01)
-    return list(sim.lidar_sequence(n, device=dev, lidar=lidar))
+    seq = sim.lidar_sequence(n, device=dev, lidar=lidar)
+    return [(p, T if poses_on_device else T.cpu()) for p, T in seq]
 
 
-def depth_frames(n: int, dev: torch.device):
-    return list(sim.depth_sequence(n, sim.PinholeCamera.kinect(), device=dev, max_range_m=DEPTH_RANGE_M))
+def depth_frames(n: int, dev: torch.device, poses_on_device: bool = False):
+    """(depth on ``dev``, K, pose): K and the pose on the host, as the service passes them, unless
+    ``poses_on_device``."""
+    seq = sim.depth_sequence(n, sim.PinholeCamera.kinect(), device=dev, max_range_m=DEPTH_RANGE_M)
+    return [(d, K, T) if poses_on_device else (d, K.cpu(), T.cpu()) for d, K, T in seq]
 
 
 def make_map(case: str, dev: torch.device) -> Map:
@@ -362,7 +367,8 @@ def fmt_report(results: list[dict], args, dev: torch.device, argv: list[str]) ->
         f"- command: `python benchmarks/bench_frame.py {' '.join(argv)}`",
         f"- frames: LiDAR {args.lidar_frames} ({args.beams} beams x 1875), depth {args.depth_frames} "
         f"(640x480); warm-up {args.warmup} frames on a throwaway map; all frames of the fresh map kept "
-        f"(growth included); GC policy {args.gc}",
+        f"(growth included); GC policy {args.gc}; pose and K "
+        f"{'on the device' if args.poses_on_device else 'on the host (as the service passes them)'}",
         "",
         "## Per frame (ms; x = ratio to the median; targets p99 <= 1.5x, max <= 3x)",
         "",
@@ -468,6 +474,11 @@ def main(argv=None):
         "--frames", type=int, default=None, help="both sequences' length (overrides the two above)"
     )
     ap.add_argument("--beams", type=int, default=64, help="LiDAR beams (x 1875 azimuths)")
+    ap.add_argument(
+        "--poses-on-device",
+        action="store_true",
+        help="pass pose and K as device tensors (default: on the host, as the service passes them)",
+    )
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--profile-frames", type=int, default=2)
     ap.add_argument(
@@ -496,11 +507,11 @@ def main(argv=None):
     data = {}
     t0 = time.perf_counter()
     if "lidar" in need:
-        data["lidar"] = lidar_frames(args.lidar_frames + extra, dev, args.beams)
+        data["lidar"] = lidar_frames(args.lidar_frames + extra, dev, args.beams, args.poses_on_device)
         pts = sum(f[0].shape[0] for f in data["lidar"]) / len(data["lidar"])
         print(f"# lidar: {len(data['lidar'])} frames, {pts:.0f} points/frame", flush=True)
     if "depth" in need:
-        data["depth"] = depth_frames(args.depth_frames + extra, dev)
+        data["depth"] = depth_frames(args.depth_frames + extra, dev, args.poses_on_device)
         print(f"# depth: {len(data['depth'])} frames 640x480", flush=True)
     print(f"# frames generated in {time.perf_counter() - t0:.1f} s", flush=True)
     try:
