@@ -108,3 +108,27 @@ def test_frame_segments_one_or_many_passes(device, backend, budget, monkeypatch)
         assert n_estimates == (1 if backend == "torch" else 0)  # the torch path's estimate is its check
     else:
         assert len(frame.ranges) > 1
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"], indirect=True)
+def test_free_walk_skips_rays_without_length(device, backend):
+    """Rays of length <= 0 (exactly 0 included) mark nothing: the same free record and returned bricks as
+    the frame without them."""
+    from mapper.integrators import free
+
+    o, d, _, length = _rays(30, 4, device)
+    length = length.clone()
+    length[::3] = 0.0
+    length[1::7] = -2.5
+    keep = length > 0
+    a, b = (BrickLayer(free.free_fields(), device) for _ in range(2))
+    got = free.integrate_free(a, o[0], d, length, 0.3)
+    want = free.integrate_free(b, o[0], d[keep], length[keep], 0.3)
+    assert torch.equal(got, want) and got.shape[0] > 3
+    assert torch.equal(a.brick_table()[0], b.brick_table()[0])
+    ga, gb = a.pool.gather("log_odds", a.brick_table()[1]), b.pool.gather("log_odds", b.brick_table()[1])
+    torch.testing.assert_close(ga, gb, rtol=0, atol=0, equal_nan=True)
+    assert (
+        free.integrate_free(a, o[0], d[:4], torch.zeros(4, dtype=torch.float64, device=device), 0.3).numel()
+        == 0
+    )

@@ -69,13 +69,13 @@ def integrate_free(
     """
     dev = dirs.device
     none = torch.zeros((0, 3), dtype=torch.int64, device=dev)
-    keep = length > 0
-    dirs, length = dirs[keep], length[keep]
     n = dirs.shape[0]
     if n == 0:
         return none
     o = origin.to(torch.float64).contiguous().expand(n, 3)
     zero = torch.zeros_like(length)
+    # rays with length <= 0 end before they start (t1 < t0): no segment, no compaction (a host sync)
+    length = torch.where(length > 0, length, -1.0)
     frame = FrameSegments(o, dirs, zero, length, 4 * voxel_size_m)
     bricks = frame.bricks
     u = bricks.shape[0]
