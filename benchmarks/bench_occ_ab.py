@@ -29,7 +29,9 @@ from mapper.kernels import logodds  # noqa: E402
 from mapper.kernels import segments as S  # noqa: E402
 
 
-def restore_previous_path() -> None:
+def restore_previous_path():
+    """Patch the previous path in; returns a function that undoes the patches."""
+    saved = (occupancy.flags_update, free.flags_update, S.brick_segments)
     occupancy.flags_update = logodds.flags_update_torch  # same signature: the chunked gather/scatter
     free.flags_update = logodds.flags_update_torch
     real = S.brick_segments
@@ -40,6 +42,11 @@ def restore_previous_path() -> None:
         return real(origins, dirs, t0, t1, cell)
 
     S.brick_segments = brick_segments_estimate_first
+
+    def undo():
+        occupancy.flags_update, free.flags_update, S.brick_segments = saved
+
+    return undo
 
 
 def main() -> None:
