@@ -18,7 +18,9 @@ from .triton_paged import n_iter_frame, page_base, page_of
 _BLOCK = 256
 
 
-@triton.jit(do_not_specialize=["total", "n_pages"])  # sizes vary per frame: no recompiles
+# sizes vary per frame, and the flags / slots / known buffers may be views at any offset (another allocation
+# path): none of these may make a new variant mid-stream
+@triton.jit(do_not_specialize=["total", "n_pages", "flags_ptr", "slots_ptr", "known_ptr"])
 def _flags_update_kernel(
     flags_ptr, slots_ptr, total, starts_ptr, n_pages, field_ptrs, known_ptr,
     l_hit, l_miss, c_min, c_max,
