@@ -86,14 +86,24 @@ m = Map(args.voxel, layers=("occupancy",), max_range_m=60.0)
 for pts, T in frames[:-1]:
     m.integrate_lidar(pts, T, track=False)
 pts, T = frames[-1]
+launches.clear()  # the counted frame's launches only
 with Syncs() as syncs, counter:
     m.integrate_lidar(pts, T, track=False)
+# ops that only make a view or an empty tensor (no kernel on a GPU)
+NO_KERNEL = {
+    "aten.slice", "aten.select", "aten.view", "aten.expand", "aten._unsafe_view", "aten.unsqueeze",
+    "aten.squeeze", "aten.t", "aten.transpose", "aten.permute", "aten.as_strided", "aten.alias",
+    "aten.detach", "aten.unbind", "aten.split", "aten.split_with_sizes", "aten.narrow", "aten.diagonal",
+    "aten._reshape_alias", "aten.lift_fresh", "aten.empty", "aten.empty_strided", "aten.empty_like",
+    "aten._local_scalar_dense", "aten.reshape",
+}  # fmt: skip
 n_ops = sum(counter.ops.values())
+n_kernels = sum(v for k, v in counter.ops.items() if k not in NO_KERNEL)
 n_launch = sum(launches.values())
 n_sync = syncs.total
 row = (
-    f"| {args.label} | {args.kernels} | {pts.shape[0]} | {n_ops} | {n_launch} | {n_sync} | "
-    + ", ".join(f"{k} {v}" for k, v in counter.ops.most_common(8))
+    f"| {args.label} | {args.kernels} | {pts.shape[0]} | {n_ops} | {n_kernels} | {n_launch} | {n_sync} | "
+    + ", ".join(f"{k} {v}" for k, v in counter.ops.most_common(10) if k not in NO_KERNEL)
     + " |"
 )
 print(row)
