@@ -14,10 +14,11 @@ from mapper import Map, sim
 pytestmark = pytest.mark.gpu
 
 # LiDAR TSDF: the points filter, the coarse pass's sizes, the frame's brick count, the allocation's sizes;
-# occupancy: + the ray chunking's row count, + the ESDF queue's occasional compaction (a unique of the
-# queued bricks once they pass 2^18 rows: occupancy frames queue ~10^5 bricks); depth TSDF: the valid pixels,
+# occupancy: + the ESDF queue's occasional compaction (a unique of the queued bricks once they pass 2^18
+# rows: occupancy frames queue ~10^5 bricks; the ray chunking's row count is gone: the coarse pass's own size
+# read decides whether to cut the rays); depth TSDF: the valid pixels,
 # the bricks' box and count, the allocation's sizes
-MAX_SYNCS = {"lidar_tsdf": 4, "occupancy": 6, "depth_tsdf": 4}
+MAX_SYNCS = {"lidar_tsdf": 4, "occupancy": 5, "depth_tsdf": 4}
 
 
 def _frames(kind: str, dev: torch.device, n: int):

@@ -24,6 +24,7 @@ import math
 
 import torch
 
+from ..kernels.logodds import flags_update
 from ..kernels.segments import MISS, FrameSegments, walk_segments
 from ..layers import BrickLayer, FieldSpec
 from .base import DepthFrame, LidarFrame, no_timer
@@ -68,13 +69,13 @@ def integrate_free(
     """
     dev = dirs.device
     none = torch.zeros((0, 3), dtype=torch.int64, device=dev)
-    keep = length > 0
-    dirs, length = dirs[keep], length[keep]
     n = dirs.shape[0]
     if n == 0:
         return none
     o = origin.to(torch.float64).contiguous().expand(n, 3)
     zero = torch.zeros_like(length)
+    # rays with length <= 0 end before they start (t1 < t0): no segment, no compaction (a host sync)
+    length = torch.where(length > 0, length, -1.0)
     frame = FrameSegments(o, dirs, zero, length, 4 * voxel_size_m)
     bricks = frame.bricks
     u = bricks.shape[0]
@@ -86,11 +87,9 @@ def integrate_free(
     del frame
     flags = flags.view(u, 64)
     slots = layer.allocate(bricks)
-    lo = layer.pool.gather("log_odds", slots).to(torch.float32)
-    crossed = flags > 0
-    new = (torch.nan_to_num(lo, nan=0.0) + FREE_MISS).clamp(min=FREE_CLAMP)
-    layer.pool.scatter("log_odds", slots, torch.where(crossed, new, lo))
-    return bricks[(crossed & torch.isnan(lo)).any(dim=1)]
+    known = torch.zeros(u, dtype=torch.uint8, device=dev)  # bricks in which a voxel became known
+    flags_update(layer.pool, "log_odds", slots, flags, FREE_MISS, FREE_MISS, FREE_CLAMP, math.inf, known)
+    return bricks[known.view(torch.bool)]
 
 
 # ------------------------------------------------------------------------------------------ integrator

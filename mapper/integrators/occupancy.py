@@ -10,7 +10,8 @@ each ray crosses (DDA at brick resolution) plus the bricks of the returns, made 
 segment's rank; a frame-local flag per voxel of those bricks (``uint8 [B, 64]``): the walk stores miss = 1
 for the voxels each segment crosses, then the returns store hit = 2 (hit wins); the bricks are allocated
 and every flagged voxel gets ``l_hit`` or ``l_miss`` (unknown counts as 0) in one pass over whole
-bricks. ``_integrate_rays_reference`` (every crossed voxel materialised, then a sort) is the previous
+bricks (:func:`mapper.kernels.logodds.flags_update`: one Triton launch on the GPU).
+``_integrate_rays_reference`` (every crossed voxel materialised, then a sort) is the previous
 implementation, kept for the tests.
 """
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.logodds import flags_update
 from ..kernels.segments import MISS, FrameSegments, brick_keys, walk_segments
 from ..layer_kinds import OccupancyLayer
 from ..layers import BrickLayer, FieldSpec, brick_offsets
@@ -118,19 +120,10 @@ def integrate_rays(
     with timer("merge"):
         slots = layer.allocate(bricks)
     with timer("update"):
-        step = (1 << 13) if dev.type == "cpu" else (1 << 16)
-        for c0 in range(0, u, step):
-            apply_flags(layer, slots[c0 : c0 + step], flags[c0 : c0 + step], cfg)
+        flags_update(
+            layer.pool, "log_odds", slots, flags, cfg.l_hit, cfg.l_miss, cfg.clamp_min, cfg.clamp_max
+        )
     return bricks
-
-
-def apply_flags(layer: BrickLayer, slots: torch.Tensor, flags: torch.Tensor, cfg: OccupancyConfig) -> None:
-    """Log-odds update of whole bricks (``[B]`` slots, uint8 ``[B, 64]`` flags: 0 = not observed this
-    frame, 1 = miss, 2 = hit); unknown (NaN) counts as 0; flag 0 leaves a voxel as it is."""
-    lo = layer.pool.gather("log_odds", slots).to(torch.float32)
-    delta = torch.where(flags == 2, torch.full_like(lo, cfg.l_hit), torch.full_like(lo, cfg.l_miss))
-    new = (torch.nan_to_num(lo, nan=0.0) + delta).clamp(cfg.clamp_min, cfg.clamp_max)
-    layer.pool.scatter("log_odds", slots, torch.where(flags == 0, lo, new))
 
 
 def _integrate_rays_reference(

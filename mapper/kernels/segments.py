@@ -74,8 +74,13 @@ def _dda_setup(origins, dirs, t0, cell):
 
 
 def brick_segments_torch(
-    origins: torch.Tensor, dirs: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, cell: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+    origins: torch.Tensor,
+    dirs: torch.Tensor,
+    t0: torch.Tensor,
+    t1: torch.Tensor,
+    cell: float,
+    max_rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, list] | None:
     """Bricks (cells of size ``cell`` = 4 voxels) crossed by the segments ``origins + t dirs``,
     ``t in [t0, t1]``: the cells of :func:`dda_torch` with ``tent < t1`` (and the first when ``t0 <= t1``).
 
@@ -88,11 +93,16 @@ def brick_segments_torch(
     the rays still walking at step k are a suffix (views, no compaction); a ray gets one step of slack
     past its count (padding rows) for a rounding overshoot; more than that, or cells outside the key
     range, fall back to :func:`_brick_segments_compact`. Keys advance by ``+-2^42 / 2^21 / 1`` per step.
+
+    ``max_rows``: return None instead when the frame's coarse rows (:func:`_ray_chunks`' estimate
+    ``sum |b1 - b0| + 4``; the Triton kernel: its exact CSR size) exceed it (the caller cuts the rays).
     """
     dev = dirs.device
     n = dirs.shape[0]
     if n == 0:
         return _no_segments(dev)
+    if max_rows is not None and len(_ray_chunks(origins, dirs, t0, t1, cell, max_rows)) > 1:
+        return None
     rows = cpu_rows(n, 8) if dev.type == "cpu" else n
     if n > rows:  # a fixed malloc mmap threshold: ray groups whose [n] temporaries stay below it
         return _brick_segments_groups(origins, dirs, t0, t1, cell, rows)
@@ -214,12 +224,12 @@ def _no_segments(dev):
     return z.to(torch.int32), z, [[0] * 3, [-1] * 3]
 
 
-def brick_segments(origins, dirs, t0, t1, cell: float):
+def brick_segments(origins, dirs, t0, t1, cell: float, max_rows: int | None = None):
     """:func:`brick_segments_torch`, or its Triton kernel (one launch, CSR output) where Triton runs."""
     impl = brick_segments_torch
     if dirs.shape[0]:
         impl = kernel(dirs.device, brick_segments_torch, "triton_segments:brick_segments_triton")
-    return impl(origins, dirs, t0, t1, cell)
+    return impl(origins, dirs, t0, t1, cell, max_rows)
 
 
 # ---------------------------------------------------------------------------------------------- frame
@@ -245,12 +255,16 @@ class FrameSegments:
         dev = dirs.device
         self.args = (origins, dirs, t0, t1, cell)
         budget = SEGMENT_BUDGET["cuda" if dev.type == "cuda" else "cpu"] if budget is None else budget
+        first = None
         if max_length is not None and n * _cap_bound(max_length, cell) <= budget:
             self.ranges = [(0, n)]
-        else:
-            self.ranges = _ray_chunks(origins, dirs, t0, t1, cell, budget)
+        else:  # one pass when its rows fit (its own size read decides: no separate row estimate)
+            first = brick_segments(origins, dirs, t0, t1, cell, max_rows=budget) if n else None
+            self.ranges = [(0, n)] if first is not None else _ray_chunks(origins, dirs, t0, t1, cell, budget)
         if len(self.ranges) == 1:
-            seg_ray, seg_key, box = brick_segments(origins, dirs, t0, t1, cell)
+            seg_ray, seg_key, box = (
+                first if first is not None else brick_segments(origins, dirs, t0, t1, cell)
+            )
             self.bricks, ranks = unique_brick_ranks(seg_key, *extra_keys, bbox=box)
             self._single = (seg_ray, ranks[0])
             self.extra_ranks = ranks[1:]

@@ -95,9 +95,9 @@ def _coarse_kernel(
         tmz += tl.where(mz, tdz, 0.0)
 
 
-def brick_segments_triton(origins, dirs, t0, t1, cell: float):
+def brick_segments_triton(origins, dirs, t0, t1, cell: float, max_rows: int | None = None):
     """Same contract as :func:`mapper.kernels.segments.brick_segments_torch`; ray ``r`` owns rows
-    ``start[r] .. start[r + 1]``, the unused ones padding."""
+    ``start[r] .. start[r + 1]``, the unused ones padding (None when those rows exceed ``max_rows``)."""
     n = dirs.shape[0]
     dev = dirs.device
     o = origins.to(torch.float64)
@@ -121,6 +121,8 @@ def brick_segments_triton(origins, dirs, t0, t1, cell: float):
     box = torch.stack((lo, hi)).clamp(BRICK_LO, BRICK_HI - 1).to(torch.int64)
     vals = torch.cat((box.reshape(-1), start[-1:], cap.max().reshape(1))).tolist()  # the one sync
     total, cmax = vals[6], vals[7]
+    if max_rows is not None and total > max_rows:
+        return None
     seg_ray = torch.empty(total, dtype=torch.int32, device=dev)
     seg_key = torch.empty(total, dtype=torch.int64, device=dev)
     prm = device_params(dev, cell)
