@@ -1,0 +1,103 @@
+"""Count the operations one LiDAR TSDF frame issues, per stage, without a GPU (issue 12: the frame is
+host-bound, so its wall time follows the number of torch ops and kernel launches it issues).
+
+Runs the GPU code path on the CPU (``MAPPER_KERNELS=triton`` under ``TRITON_INTERPRET=1``: the same torch
+glue and the same Triton launches as on CUDA) and counts, per stage of the map's timer, the aten ops
+dispatched (a ``TorchDispatchMode``; what a Triton launch does inside the interpreter is not counted) and
+the Triton launches. ``--torch`` counts the CPU reference path instead.
+
+  MAPPER_KERNELS=triton TRITON_INTERPRET=1 python benchmarks/count_frame_ops.py --voxel 0.1
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections import Counter
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mapper import Map, sim
+
+
+class _Count(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+        self.stage = "other"
+        self.paused = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.paused:
+            self.ops[(self.stage, str(func.overloadpacket.__name__))] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--voxel", type=float, default=0.1)
+    ap.add_argument("--beams", type=int, default=16)
+    ap.add_argument("--azimuth", type=int, default=256)
+    ap.add_argument("--torch", action="store_true", help="count the CPU reference path")
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args(argv)
+    os.environ["MAPPER_KERNELS"] = "torch" if a.torch else "triton"
+    lidar = sim.SpinningLidar(n_beams=a.beams, n_azimuth=a.azimuth, range_noise_std_m=0.01)
+    frames = list(sim.lidar_sequence(3, lidar=lidar))
+    m = Map(a.voxel, layers=("tsdf",), max_range_m=60.0)
+    for f in frames[:2]:
+        m.integrate_lidar(f[0], f[1], track=False)
+    cnt = _Count()
+    launches = Counter()
+    import triton.runtime.interpreter as interp
+
+    orig = interp.InterpretedFunction.run
+
+    def run(self, *args, **kwargs):
+        launches[(cnt.stage, self.fn.__name__)] += 1
+        cnt.paused += 1
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            cnt.paused -= 1
+
+    interp.InterpretedFunction.run = run
+    old_call = type(m._timer).__call__
+
+    @contextlib.contextmanager
+    def timer(self, name):
+        prev, cnt.stage = cnt.stage, name
+        try:
+            with old_call(self, name):
+                yield
+        finally:
+            cnt.stage = prev
+
+    type(m._timer).__call__ = timer
+    with cnt:
+        m.integrate_lidar(frames[2][0], frames[2][1], track=False)
+    interp.InterpretedFunction.run = orig
+    type(m._timer).__call__ = old_call
+    stages = sorted({s for s, _ in cnt.ops} | {s for s, _ in launches})
+    mode = "torch reference" if a.torch else "Triton path (interpreted)"
+    print(f"# LiDAR TSDF {a.voxel} m, {frames[2][0].shape[0]} points, {mode}")
+    print("| stage | aten ops | Triton launches |")
+    print("|---|---|---|")
+    for s in stages:
+        o = sum(v for (st, _), v in cnt.ops.items() if st == s)
+        t = sum(v for (st, _), v in launches.items() if st == s)
+        print(f"| {s} | {o} | {t} |")
+    print(f"| total | {sum(cnt.ops.values())} | {sum(launches.values())} |")
+    if a.verbose:
+        for (s, name), v in sorted(cnt.ops.items()):
+            print(f"  {s:10s} {name:30s} {v}")
+        for (s, name), v in sorted(launches.items()):
+            print(f"  {s:10s} [triton] {name:26s} {v}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
