@@ -46,7 +46,7 @@ def _cell_moments_kernel(
     m = i < n
     key = tl.load(keys_ptr + sc + i, mask=m, other=0)
     lo = tl.zeros_like(i)
-    hi = tl.where(m, i, 0)
+    hi = tl.where(m, i, lo)
     for _ in range(STEPS):
         mid = (lo + hi) // 2
         open_ = lo < hi
@@ -89,7 +89,7 @@ def _cell_normals_kernel(
     j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     want = j + 1
     lo = tl.zeros_like(j)
-    hi = tl.where(j < n, n, 0)
+    hi = tl.where(j < n, lo + n, lo)  # int64, as the loop keeps it
     for _ in range(STEPS):
         mid = (lo + hi) // 2
         open_ = lo < hi
