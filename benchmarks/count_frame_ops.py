@@ -63,6 +63,47 @@ def _pose(k: int) -> torch.Tensor:
     return T
 
 
+def _count_part(a) -> None:
+    from mapper.integrators.tsdf import TsdfConfig, lidar_rays
+    from mapper.kernels.segments import brick_segments
+
+    cfg = TsdfConfig(voxel_size_m=a.voxel)
+    T = _pose(0)
+    w = _box_scan(a.beams, a.azimuth, 0).double() @ T[:3, :3].T + T[:3, 3]
+    o = T[:3, 3].clone()
+    if a.part == "rays":
+        run = lambda: lidar_rays(o, w, cfg)  # noqa: E731
+    else:
+        dirs, _, t0, t1, _, _ = lidar_rays(o, w, cfg)
+        oe = o.expand(w.shape[0], 3)
+        run = lambda: brick_segments(oe, dirs, t0, t1, 4 * a.voxel)  # noqa: E731
+    run()  # warm (compiles nothing on the CPU; imports)
+    cnt = _Count()
+    launches = Counter()
+    import triton.runtime.interpreter as interp
+
+    orig = interp.InterpretedFunction.run
+
+    def hooked(self, *args, **kwargs):
+        launches[self.fn.__name__] += 1
+        cnt.paused += 1
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            cnt.paused -= 1
+
+    interp.InterpretedFunction.run = hooked
+    with cnt:
+        run()
+    interp.InterpretedFunction.run = orig
+    mode = "torch reference" if a.torch else "Triton path (interpreted)"
+    print(f"# {a.part}: {w.shape[0]} returns, {a.voxel} m, {mode}")
+    print(f"aten ops {sum(cnt.ops.values())}, Triton launches {sum(launches.values())} {dict(launches)}")
+    if a.verbose:
+        for (_, name), v in sorted(cnt.ops.items(), key=lambda kv: -kv[1]):
+            print(f"  {name:30s} {v}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--voxel", type=float, default=0.1)
@@ -70,8 +111,17 @@ def main(argv=None) -> None:
     ap.add_argument("--azimuth", type=int, default=64)
     ap.add_argument("--torch", action="store_true", help="count the CPU reference path")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument(
+        "--part",
+        choices=("frame", "rays", "coarse"),
+        default="frame",
+        help="frame: a whole frame (slow when interpreted); rays: lidar_rays (normal fit + bands) alone; "
+        "coarse: the coarse pass (brick_segments) alone",
+    )
     a = ap.parse_args(argv)
     os.environ["MAPPER_KERNELS"] = "torch" if a.torch else "triton"
+    if a.part != "frame":
+        return _count_part(a)
     frames = [(_box_scan(a.beams, a.azimuth, k), _pose(k)) for k in range(3)]
     m = Map(a.voxel, layers=("tsdf",), max_range_m=60.0)
     for f in frames[:2]:
