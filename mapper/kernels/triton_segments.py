@@ -95,7 +95,7 @@ def _coarse_kernel(
         tmz += tl.where(mz, tdz, 0.0)
 
 
-@triton.jit(do_not_specialize=["n", "o_stride"])
+@triton.jit(do_not_specialize=["n", "o_stride", "o_ptr", "d_ptr", "t0_ptr", "t1_ptr"])  # as _coarse_kernel
 def _coarse_caps_kernel(
     o_ptr, o_stride, d_ptr, t0_ptr, t1_ptr, prm_ptr, cap_ptr, caps_ptr, n,
     BLO: tl.constexpr, BHI: tl.constexpr, BLOCK: tl.constexpr,
