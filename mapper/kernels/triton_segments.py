@@ -95,6 +95,50 @@ def _coarse_kernel(
         tmz += tl.where(mz, tdz, 0.0)
 
 
+def brick_segments_triton(origins, dirs, t0, t1, cell: float):
+    """Same contract as :func:`mapper.kernels.segments.brick_segments_torch`; ray ``r`` owns rows
+    ``start[r] .. start[r + 1]``, the unused ones padding."""
+    n = dirs.shape[0]
+    dev = dirs.device
+    o = origins.to(torch.float64)
+    if o.dim() == 1:
+        o = o.expand(n, 3)
+    if o.stride(1) != 1 or o.stride(0) not in (0, 3):
+        o = o.contiguous()
+    d = dirs.to(torch.float64).contiguous()
+    a = t0.to(torch.float64).contiguous()
+    e = t1.to(torch.float64).contiguous()
+    # capacity per ray and the bricks' box in one launch (see coarse_caps_torch), then the CSR offsets
+    cap, caps = coarse_caps_triton(o, d, a, e, cell)
+    start = torch.zeros(n + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(cap, 0, out=start[1:])
+    vals = torch.cat((caps[:6], start[-1:], caps[6:])).tolist()  # the one sync: box, total, largest cap
+    total, cmax = vals[6], vals[7]
+    seg_ray = torch.empty(total, dtype=torch.int32, device=dev)
+    seg_key = torch.empty(total, dtype=torch.int64, device=dev)
+    prm = device_params(dev, cell)
+    _coarse_kernel[(triton.cdiv(n, _BLOCK_COARSE),)](
+        o,
+        o.stride(0),
+        d,
+        a,
+        e,
+        start,
+        prm,
+        seg_ray,
+        seg_key,
+        n,
+        S_BOUND=1 << max(4, (int(cmax) - 1).bit_length()),  # >= 16: TSDF bands stay in one variant
+        BLOCK=_BLOCK_COARSE,
+        KBITS=KEY_BITS,
+        KBIAS=KEY_BIAS,
+        BLO=BRICK_LO,
+        BHI=BRICK_HI,
+        enable_fp_fusion=False,
+    )
+    return seg_ray, seg_key, [vals[0:3], vals[3:6]]
+
+
 @triton.jit(do_not_specialize=["n", "o_stride", "o_ptr", "d_ptr", "t0_ptr", "t1_ptr"])  # as _coarse_kernel
 def _coarse_caps_kernel(
     o_ptr, o_stride, d_ptr, t0_ptr, t1_ptr, prm_ptr, cap_ptr, caps_ptr, n,
@@ -147,50 +191,6 @@ def coarse_caps_triton(origins, dirs, t0, t1, cell: float):
             BLO=BRICK_LO, BHI=BRICK_HI, BLOCK=_BLOCK_COARSE, enable_fp_fusion=False,
         )  # fmt: skip
     return cap, caps
-
-
-def brick_segments_triton(origins, dirs, t0, t1, cell: float):
-    """Same contract as :func:`mapper.kernels.segments.brick_segments_torch`; ray ``r`` owns rows
-    ``start[r] .. start[r + 1]``, the unused ones padding."""
-    n = dirs.shape[0]
-    dev = dirs.device
-    o = origins.to(torch.float64)
-    if o.dim() == 1:
-        o = o.expand(n, 3)
-    if o.stride(1) != 1 or o.stride(0) not in (0, 3):
-        o = o.contiguous()
-    d = dirs.to(torch.float64).contiguous()
-    a = t0.to(torch.float64).contiguous()
-    e = t1.to(torch.float64).contiguous()
-    # capacity per ray and the bricks' box in one launch (see coarse_caps_torch), then the CSR offsets
-    cap, caps = coarse_caps_triton(o, d, a, e, cell)
-    start = torch.zeros(n + 1, dtype=torch.int64, device=dev)
-    torch.cumsum(cap, 0, out=start[1:])
-    vals = torch.cat((caps, start[-1:])).tolist()  # the one sync: box, largest capacity, total
-    cmax, total = vals[6], vals[7]
-    seg_ray = torch.empty(total, dtype=torch.int32, device=dev)
-    seg_key = torch.empty(total, dtype=torch.int64, device=dev)
-    prm = device_params(dev, cell)
-    _coarse_kernel[(triton.cdiv(n, _BLOCK_COARSE),)](
-        o,
-        o.stride(0),
-        d,
-        a,
-        e,
-        start,
-        prm,
-        seg_ray,
-        seg_key,
-        n,
-        S_BOUND=1 << max(4, (int(cmax) - 1).bit_length()),  # >= 16: TSDF bands stay in one variant
-        BLOCK=_BLOCK_COARSE,
-        KBITS=KEY_BITS,
-        KBIAS=KEY_BIAS,
-        BLO=BRICK_LO,
-        BHI=BRICK_HI,
-        enable_fp_fusion=False,
-    )
-    return seg_ray, seg_key, [vals[0:3], vals[3:6]]
 
 
 _PARAMS: dict[tuple, torch.Tensor] = {}
