@@ -1,5 +1,5 @@
-"""The LiDAR normal fit's per-cell kernel (``mapper.kernels.triton_normals``) against its torch reference
-(``mapper.kernels.normals.cell_plane_normals_torch``) and both against a brute-force NumPy oracle (each
+"""The LiDAR normal fit's kernels (``mapper.kernels.triton_normals``) against their torch references
+(``mapper.kernels.normals.cell_normals_torch`` etc.) and both against a brute-force NumPy oracle (each
 return's 27 cells gathered by a dictionary, ``numpy.linalg.eigh`` of their covariance), on scans of planes,
 lines, blobs and out-of-range returns. Under ``TRITON_INTERPRET=1`` (CPU) the kernel runs in the
 interpreter; on a GPU it is compiled."""
@@ -56,29 +56,39 @@ def oracle_normals(points: np.ndarray, origin: np.ndarray, cell_m: float) -> np.
     return out
 
 
-def _cells(points, origin, cell_m, device):
+def _sorted_keys(points, edges, device):
+    """int64 ``[S, N]`` sorted cell keys of ``points`` at each cell edge, and the sorting permutation."""
     p = points.to(device)
-    return N.cell_moments(p, p - origin.to(device), cell_m)
+    inv_cell = torch.tensor([1.0 / e for e in edges], dtype=torch.float64, device=device)
+    return torch.sort(N.cell_keys(p, inv_cell), dim=1)
 
 
-@pytest.mark.parametrize("cell_m", [0.25, 0.6])
-def test_triton_cell_normals_match_torch_reference(device, backend, cell_m):
+@pytest.mark.parametrize("edges", [(0.25,), (0.6, 0.3, 1.2)])
+def test_triton_cell_normals_match_torch_reference(device, backend, edges):
     if backend != "triton":
-        pytest.skip("compares the kernel with the reference")
-    from mapper.kernels.triton_normals import cell_plane_normals_triton
+        pytest.skip("compares the kernels with the reference")
+    from mapper.kernels.triton_normals import cell_normals_triton
 
     pts = scene_points(1)
     origin = torch.tensor([0.3, -0.2, 2.0], dtype=torch.float64)
-    keys, rank, inv, mom = _cells(pts, origin, cell_m, device)
-    ref = N.cell_plane_normals_torch(keys, rank, mom)
-    got = cell_plane_normals_triton(keys, rank, mom)
-    assert got.shape == ref.shape == (pts.shape[0], 3) and got.dtype == torch.float64
-    has_ref, has_got = (ref != 0).any(1), (got != 0).any(1)
+    x = (pts - origin).to(device)
+    sk, order = _sorted_keys(pts, edges, device)
+    ref, ref_inv = N.cell_normals_torch(x, sk, order)
+    got, got_inv = cell_normals_triton(x, sk, order)
+    s, n = len(edges), pts.shape[0]
+    assert got.shape == ref.shape == (s, n, 3) and got.dtype == torch.float64
+    assert torch.equal(got_inv, ref_inv)  # each return's cell: the first sorted position of its key
+    for k in range(s):  # the cell index is the first position of the key; the returns of a key share it
+        assert torch.equal(sk[k][ref_inv[k]], sk[k][torch.argsort(order[k])])  # the return's own key
+        first = torch.ones(n, dtype=torch.bool, device=sk.device)
+        first[1:] = sk[k][1:] != sk[k][:-1]
+        assert torch.equal(torch.sort(ref_inv[k].unique()).values, first.nonzero().squeeze(1))
+    has_ref, has_got = (ref != 0).any(2), (got != 0).any(2)
     assert torch.equal(has_ref, has_got)
     assert int(has_ref.sum()) > 20  # planes found
     dots = (ref[has_ref] * got[has_got]).sum(1).abs()
     assert float(dots.min()) > 1 - 1e-9  # the same axis (the sign is oriented later)
-    torch.testing.assert_close(got.norm(dim=1)[has_got], torch.ones_like(dots))
+    torch.testing.assert_close(got.norm(dim=2)[has_got], torch.ones_like(dots))
 
 
 def test_scan_normals_match_brute_force_oracle(device, backend):
@@ -119,7 +129,11 @@ def test_hand_computed_plane_and_degenerate_cells(device, backend):
 def test_cell_moments_are_the_per_cell_sums(device):
     pts = scene_points(3)[:400].to(device)
     x = pts - pts.mean(0)
-    keys, rank, inv, mom = N.cell_moments(pts, x, 0.4)
+    sk, order = _sorted_keys(pts, (0.4,), device)
+    rank, inv, mom = N.cell_moments(x, sk[0], order[0])
+    assert torch.equal(sk[0][inv], sk[0].gather(0, torch.argsort(order[0])))  # a return's own key
+    assert torch.equal(sk[0][inv[order[0]]], sk[0])  # sorted: the first position of the key, at or before
+    assert bool((inv[order[0]] <= torch.arange(400, device=device)).all())
     cells = torch.floor(pts / 0.4 + N.CELL_OFFSET).to(torch.int64)
     uniq, inv_ref = torch.unique(cells, dim=0, return_inverse=True)  # independent of the key packing
     assert int(rank[-1]) + 1 == uniq.shape[0]
@@ -129,7 +143,9 @@ def test_cell_moments_are_the_per_cell_sums(device):
     torch.testing.assert_close(c[:, 0], torch.bincount(inv_ref)[inv_ref].double())
     sx = torch.zeros((uniq.shape[0], 3), dtype=torch.float64, device=device).index_add_(0, inv_ref, x)
     torch.testing.assert_close(c[:, 1:4], sx[inv_ref])
-    assert not mom[uniq.shape[0] :].any()
+    rows = torch.zeros(400, dtype=torch.bool, device=device)
+    rows[inv] = True
+    assert not mom[~rows].any()  # only the cell indices (first positions) hold moments
     assert math.isclose(float(c[:, 4].sum()), float((x[:, 0] ** 2 * torch.bincount(inv_ref)[inv_ref]).sum()))
 
 
@@ -176,3 +192,46 @@ def test_triton_cell_keys_and_combine_match_torch_reference(device, backend):
     for planar, edge in ((p0, 0.4), (p1, 0.8), (p2, 1.6)):  # the largest planar edge wins
         want_s[planar] = edge
     assert torch.equal(r_s.cpu(), want_s)
+
+
+def test_ray_bands_hand_computed_and_triton_matches_reference(device, backend):
+    # hand-computed: range 10 straight down onto the ground (normal up, cos 1), a grazing ray (cos 0.1), a
+    # normal facing away (dropped), no normal; tau 0.3, longest 1.2, reach 0.075, min weight 0.2, weight 2
+    x = torch.tensor(
+        [[0.0, 0.0, -10.0], [0.0, math.sqrt(0.99) * 5, -0.5], [0.0, 0.0, 4.0], [3.0, 4.0, 0.0]],
+        dtype=torch.float64,
+    )
+    nrm = torch.tensor([[0.0, 0, 1], [0, 0, 1], [0, 0, 1], [0, 0, 0]], dtype=torch.float64)
+    support = torch.tensor([2.0, 0.5, 2.0, 0.0], dtype=torch.float64)
+    prm = N.ray_band_params(device, 0.3, 1.2, 0.075, 0.2, 2.0)
+    dirs, r, t0, t1, kept, w = N.ray_bands(x.to(device), nrm.to(device), support.to(device), prm)
+    torch.testing.assert_close(r.cpu(), torch.tensor([10.0, 5.0, 4.0, 5.0], dtype=torch.float64))
+    torch.testing.assert_close(dirs.cpu(), x / r.cpu()[:, None])
+    # half bands: cos 1 -> max(min(0.075, 1.2), 0.3) = 0.3; cos 0.1 -> min(0.75, clamp(0.5, 0.3, 1.2)) = 0.5;
+    # away and none -> tau
+    half = torch.tensor([0.3, 0.5, 0.3, 0.3], dtype=torch.float64)
+    torch.testing.assert_close(t0.cpu(), r.cpu() - half)
+    torch.testing.assert_close(t1.cpu(), r.cpu() + half)
+    assert torch.equal(kept.cpu(), nrm * torch.tensor([[1.0], [1.0], [0.0], [0.0]], dtype=torch.float64))
+    torch.testing.assert_close(w.cpu(), torch.tensor([2.0, 0.4, 2.0, 2.0]))
+    assert w.dtype == torch.float32 and t0.dtype == torch.float64
+    if backend != "triton":
+        return
+    from mapper.kernels.triton_normals import ray_bands_triton
+
+    g = torch.Generator().manual_seed(7)  # random rays, a third without a normal, half facing either way
+    n = 3000
+    x = torch.randn((n, 3), generator=g, dtype=torch.float64) * 20
+    x[:5] *= 1e-3  # returns near the sensor: t0 clamps at 0
+    nrm = torch.nn.functional.normalize(torch.randn((n, 3), generator=g, dtype=torch.float64), dim=1)
+    nrm *= (torch.rand((n, 1), generator=g) > 0.33).double()
+    support = torch.rand(n, generator=g, dtype=torch.float64) * 2
+    args = [t.to(device) for t in (x, nrm, support)] + [prm]
+    ref = N.ray_bands_torch(*args)
+    got = ray_bands_triton(*args)
+    assert torch.equal((ref[4] != 0).any(1), (got[4] != 0).any(1))  # the same normals kept
+    assert 0.2 * n < int((ref[4] != 0).any(1).sum()) < 0.5 * n
+    assert float(ref[2].min()) == 0.0
+    for a, b in zip(ref, got, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)

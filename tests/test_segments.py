@@ -306,6 +306,33 @@ def test_triton_coarse_matches_torch(name, s, device, backend):
     assert got == _segments(*S.brick_segments_torch(oe, d, t0, t1, 4 * s))
 
 
+def test_coarse_caps_by_hand_and_triton_matches_torch(device, backend):
+    # by hand: cell 1, origin 0.5: a ray along +x from 0 to 3.2 (bricks 0..3: 3 crossed + 4), one along -y
+    # from 0 to 2 (0 -> -2: 2 + 4), one with t0 > t1 (1); box = end cells -1 / +1 on each axis
+    o = torch.tensor([[0.5, 0.5, 0.5]], dtype=torch.float64, device=device).expand(3, 3)
+    d = torch.tensor([[1.0, 0, 0], [0, -1, 0], [0, 0, 1]], dtype=torch.float64, device=device)
+    t0 = torch.tensor([0.0, 0.0, 2.0], dtype=torch.float64, device=device)
+    t1 = torch.tensor([3.2, 2.0, 1.0], dtype=torch.float64, device=device)
+    cap, caps = S.coarse_caps_torch(o, d, t0, t1, 1.0)
+    assert cap.tolist() == [7, 6, 1]
+    assert caps.tolist() == [-1, -3, -1, 4, 1, 3, 7]
+    empty = S.coarse_caps_torch(o[:0], d[:0], t0[:0], t1[:0], 1.0)
+    assert empty[0].numel() == 0 and empty[1].tolist() == [S.BRICK_HI - 1] * 3 + [S.BRICK_LO] * 3 + [0]
+    if backend != "triton":
+        return
+    from mapper.kernels.triton_segments import coarse_caps_triton
+
+    g = coarse_caps_triton(o, d, t0, t1, 1.0)
+    assert torch.equal(g[0], cap) and torch.equal(g[1], caps)
+    assert torch.equal(coarse_caps_triton(o[:0], d[:0], t0[:0], t1[:0], 1.0)[1], empty[1])
+    for name, s in CASES:  # random rays (a row per ray and one expanded origin), clipped far rays
+        ro, rd, r0, r1 = case_rays(name, s, device, n=300)
+        for oo in (ro, ro[:1].expand(ro.shape[0], 3)):
+            want = S.coarse_caps_torch(oo, rd, r0, r1, 4 * s)
+            got = coarse_caps_triton(oo, rd, r0, r1, 4 * s)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), name
+
+
 @pytest.mark.parametrize("name,s", CASES)
 @pytest.mark.parametrize("mode", [S.MISS, S.BAND])
 def test_triton_walk_matches_torch(name, s, mode, device, backend):

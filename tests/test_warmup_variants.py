@@ -62,7 +62,7 @@ def test_recorder_tells_specialised_sizes_apart(monkeypatch):
     _interpreter_only()
     monkeypatch.setenv("MAPPER_KERNELS", "triton")
     from mapper.kernels.envelope import lower_envelope
-    from mapper.kernels.normals import scan_normals
+    from mapper.kernels.normals import ray_band_params, ray_bands, scan_normals
 
     with VariantRecorder() as rec:
         for n in (1, 2, 3, 16, 32):
@@ -72,9 +72,12 @@ def test_recorder_tells_specialised_sizes_apart(monkeypatch):
     g = torch.Generator().manual_seed(0)
     with VariantRecorder() as rec:
         for n in (1, 16, 37):
-            scan_normals(torch.zeros(3, dtype=torch.float64), torch.rand((n, 3), generator=g) * 2, 0.5, (1,))
-    nk = [k for k in rec.keys if k[0] == "_cell_normals_kernel"]
-    assert len(nk) == 3 and len(set(nk)) == 1
+            p = torch.rand((n, 3), generator=g, dtype=torch.float64) * 2
+            nrm, sup = scan_normals(torch.zeros(3, dtype=torch.float64), p, 0.5, (1,))
+            ray_bands(p, nrm, sup, ray_band_params(p.device, 0.3, 1.2, 0.075, 1.0, 1.0))
+    for name in ("_cell_normals_kernel", "_cell_moments_kernel", "_ray_bands_kernel"):
+        nk = [k for k in rec.keys if k[0] == name]
+        assert len(nk) == 3 and len(set(nk)) == 1, name
 
 
 def test_warm_up_launches_every_envelope_variant(monkeypatch):

@@ -25,7 +25,7 @@ import torch
 
 from ..kernels.dispatch import kernel
 from ..kernels.keys import brick_keys
-from ..kernels.normals import scan_normals
+from ..kernels.normals import ray_band_params, ray_bands, scan_normals
 from ..kernels.segments import BAND, FrameSegments, unique_brick_ranks, walk_segments
 from ..layer_kinds import TsdfLayer
 from ..layers import BrickLayer, FieldSpec, brick_local_coords, brick_offsets
@@ -87,21 +87,15 @@ def lidar_rays(origin: torch.Tensor, points_w: torch.Tensor, cfg: TsdfConfig):
     weight is ``obs_weight * max(cos, min_incidence_weight)``. Without one: ``+-tau`` and ``obs_weight``.
     """
     d = points_w.to(torch.float64) - origin
-    r = torch.linalg.vector_norm(d, dim=1)
-    dirs = d / r[:, None]
     tau = cfg.tau
     if not cfg.lidar_normals:
-        return dirs, r, (r - tau).clamp(min=0.0), r + tau, None, None
+        r = torch.linalg.vector_norm(d, dim=1)
+        return d / r[:, None], r, (r - tau).clamp(min=0.0), r + tau, None, None
     nrm, support = scan_normals(origin, points_w, cfg.normal_cell_vox * cfg.voxel_size_m)
-    cos = -(dirs * nrm).sum(dim=1)
-    has = (nrm != 0).any(dim=1) & (cos > 0)
-    nrm = nrm * has[:, None]
     k = max(1.0, cfg.grazing_band_factor)
     reach = cfg.grazing_reach_vox * cfg.voxel_size_m
-    longest = support.clamp(min=tau, max=k * tau)  # within the verified plane
-    half = torch.where(has, torch.minimum(reach / cos.clamp(min=1e-6), longest).clamp(min=tau), tau)
-    w = torch.where(has, cos.clamp(min=cfg.min_incidence_weight, max=1.0), 1.0) * cfg.obs_weight
-    return dirs, r, (r - half).clamp(min=0.0), r + half, nrm, w.to(torch.float32)
+    prm = ray_band_params(d.device, tau, k * tau, reach, cfg.min_incidence_weight, cfg.obs_weight)
+    return ray_bands(d, nrm, support, prm)  # one kernel on the GPU
 
 
 def tsdf_fields(cfg: TsdfConfig) -> dict[str, FieldSpec]:

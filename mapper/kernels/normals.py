@@ -14,8 +14,11 @@ return is the plane fitted (PCA) to the returns in the 3 x 3 x 3 cells of size `
    a single ring of a spinning LiDAR is a line), and is oriented towards the sensor. Other returns get a
    zero normal: the integrator keeps the along-ray distance for them (edges, corners, sparse returns).
 
-All float64. The Triton kernel (:mod:`mapper.kernels.triton_normals`, steps 2-4 in one launch per scale)
-needs no host sync; the torch reference reads the number of distinct cells back once per scale.
+All float64. A cell's index is the first position of its key in the sorted keys (no numbering needed to
+find it). On the GPU (:mod:`mapper.kernels.triton_normals`) the whole fit is the key kernel, one sort of
+every scale's keys, two kernels for the moments and the normals of all scales (:func:`cell_normals`) and
+one that combines the scales: ~14 launches, no host sync; the torch reference (:func:`cell_normals_torch`)
+numbers the cells per scale and reads their count back once per scale.
 """
 
 from __future__ import annotations
@@ -93,16 +96,10 @@ def scan_normals(
         )
     o = origin.to(torch.float64)
     x = points_w.to(torch.float64) - o  # sensor-relative: small values, exact enough in float64
-    edges = [cell_m * k for k in scales]
-    inv_cell, edges_t = _edge_tensors(tuple(edges), dev)
-    keys = cell_keys(points_w, inv_cell)
-    vals = moment_rows(x)
-    tables, invs = [], []
-    for k in range(len(edges)):
-        sorted_keys, rank, inv, mom = cell_moments(points_w, x, edges[k], vals, keys[k])
-        tables.append(cell_plane_normals(sorted_keys, rank, mom))
-        invs.append(inv)
-    return combine_normals(x, torch.stack(tables), torch.stack(invs), edges_t)
+    inv_cell, edges_t = _edge_tensors(tuple(cell_m * k for k in scales), dev)
+    sorted_keys, order = torch.sort(cell_keys(points_w, inv_cell), dim=1)  # every scale in one sort
+    tables, inv = cell_normals(x, sorted_keys, order)
+    return combine_normals(x, tables, inv, edges_t)
 
 
 @functools.lru_cache(maxsize=64)
@@ -194,54 +191,46 @@ def moment_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def cell_moments(
-    points_w: torch.Tensor,
-    x: torch.Tensor,
-    cell_m: float,
-    vals: torch.Tensor | None = None,
-    keys: torch.Tensor | None = None,
+    x: torch.Tensor, sorted_keys: torch.Tensor, order: torch.Tensor, vals: torch.Tensor | None = None
 ):
-    """The scan's cells of edge ``cell_m`` and their moments, without a host sync.
+    """The cells of one scale and their moments (torch; the reference's first step).
 
     Args:
-        points_w: float ``[N, 3]`` world returns (they pick the cells); x: float64 ``[N, 3]`` the returns
-            relative to the sensor (the moments' coordinates); vals: :func:`moment_rows` of ``x`` if
-            already computed (the scales share them); keys: int64 ``[N]`` the returns' cell keys at edge
-            ``cell_m`` if already computed (:func:`cell_keys`).
+        x: float64 ``[N, 3]`` the returns relative to the sensor (the moments' coordinates); sorted_keys,
+            order: int64 ``[N]`` the returns' cell keys sorted (``-1``: outside the key range, first) and
+            the sorting permutation (``torch.sort`` of :func:`cell_keys`); vals: :func:`moment_rows` of ``x``
+            if already computed (the scales share them).
     Returns:
-        sorted_keys: int64 ``[N]`` the returns' cell keys, sorted (``-1``: outside the key range, first);
-        rank: int64 ``[N]`` the cell index of each sorted position (distinct keys numbered from 0);
-        inv: int64 ``[N]`` the cell index of each return;
-        mom: float64 ``[N, 10]`` per cell index (rows past the last cell are zero): count, sum of ``x``,
-        sum of ``x x^T`` (upper triangle: xx, xy, xz, yy, yz, zz); zero for the out-of-range cell.
+        rank: int64 ``[N]`` the cell number of each sorted position (distinct keys numbered from 0);
+        inv: int64 ``[N]`` each return's cell index: the first sorted position of its key;
+        mom: float64 ``[N, 10]`` per cell index (other rows zero): count, sum of ``x``, sum of ``x x^T``
+        (upper triangle: xx, xy, xz, yy, yz, zz); the out-of-range cell (key ``-1``) sums its returns too
+        (the normal step skips it).
     """
     n = x.shape[0]
     dev = x.device
-    if keys is None:  # -1 outside the key range: those returns get no normal
-        keys = cell_keys(points_w, torch.tensor([1.0 / cell_m], dtype=torch.float64).to(dev))[0]
-    sorted_keys, order = torch.sort(keys)
     new = torch.ones(n, dtype=torch.int64, device=dev)
     new[1:] = sorted_keys[1:] != sorted_keys[:-1]
     rank = torch.cumsum(new, 0) - 1
-    inv = torch.empty_like(rank).index_copy_(0, order, rank)
+    pos = torch.arange(n, dtype=torch.int64, device=dev)
+    first = torch.cummax(pos * new, 0).values  # the first position of each sorted position's key
+    inv = torch.empty_like(first).index_copy_(0, order, first)
     vals = moment_rows(x) if vals is None else vals
-    if dev.type != "cpu" or bool((keys < 0).any()):  # (a host read: CPU only)
-        vals = vals * (keys >= 0)[:, None]
     mom = torch.zeros((n, 10), dtype=torch.float64, device=dev).index_add_(0, inv, vals)
-    return sorted_keys, rank, inv, mom
+    return rank, inv, mom
 
 
 def cell_plane_normals_torch(
     sorted_keys: torch.Tensor, rank: torch.Tensor, mom: torch.Tensor
 ) -> torch.Tensor:
-    """Unit normal of each cell's 3 x 3 x 3 neighbourhood, or zero where it is not a plane (the reference of
-    :func:`mapper.kernels.triton_normals.cell_plane_normals_triton`).
+    """Unit normal of each cell's 3 x 3 x 3 neighbourhood, or zero where it is not a plane (one scale).
 
     Args:
-        sorted_keys, rank, mom: as returned by :func:`cell_moments` (int64 ``[N]``, int64 ``[N]``, float64
-            ``[N, 10]``).
+        sorted_keys, rank, mom: as :func:`cell_moments` returns them (int64 ``[N]``, int64 ``[N]``, float64
+            ``[N, 10]`` per cell index = first sorted position).
     Returns:
-        float64 ``[N, 3]`` per cell index (rows past the last cell, and the out-of-range cell, are zero);
-        the sign is arbitrary (:func:`scan_normals` orients them).
+        float64 ``[N, 3]`` per cell index (other rows, and the out-of-range cell, are zero); the sign is
+        arbitrary (:func:`scan_normals` orients them).
     """
     n = sorted_keys.shape[0]
     dev = sorted_keys.device
@@ -250,9 +239,10 @@ def cell_plane_normals_torch(
         return out
     first = torch.ones(n, dtype=torch.bool, device=dev)
     first[1:] = sorted_keys[1:] != sorted_keys[:-1]
-    uk = sorted_keys[first]  # sorted distinct keys (sync: their count), cell index = position
+    at = first.nonzero().squeeze(1)  # each cell's first position (sync: their count), by cell number
+    uk = sorted_keys.index_select(0, at)  # sorted distinct keys
     u = uk.numel()
-    mom = mom[:u]
+    mom = mom.index_select(0, at)
     valid_cell = uk >= 0
     # sum the 27 neighbours' moments in the order (di, dj, dk): per (di, dj) one binary search for the cell
     # (i + di, j + dj, k - 1); the cells k, k + 1 of that column follow it in key order when they exist.
@@ -284,11 +274,75 @@ def cell_plane_normals_torch(
     lam, nrm = _sym_min_eigvec(cov)
     l0, l1, l2 = lam.unbind(1)
     ok = (cnt >= MIN_POINTS) & (l0 <= PLANE_RATIO * l1) & (l1 >= SPREAD_RATIO * l2) & (l2 > 0)
-    out[:u] = nrm * ok[:, None]
+    out.index_copy_(0, at, nrm * ok[:, None])
     return out
 
 
-def cell_plane_normals(sorted_keys: torch.Tensor, rank: torch.Tensor, mom: torch.Tensor) -> torch.Tensor:
-    """:func:`cell_plane_normals_torch` or its Triton kernel (one launch, no sync), as dispatch decides."""
-    impl = kernel(sorted_keys.device, cell_plane_normals_torch, "triton_normals:cell_plane_normals_triton")
-    return impl(sorted_keys, rank, mom)
+def cell_normals_torch(x: torch.Tensor, sorted_keys: torch.Tensor, order: torch.Tensor):
+    """Per scale, the plane normal of each cell's 3 x 3 x 3 neighbourhood and each return's cell (the
+    reference of :func:`mapper.kernels.triton_normals.cell_normals_triton`).
+
+    Args:
+        x: float64 ``[N, 3]`` returns relative to the sensor; sorted_keys, order: int64 ``[S, N]`` each
+            scale's cell keys sorted (``-1``: outside the key range) and the sorting permutation.
+    Returns:
+        tables: float64 ``[S, N, 3]`` unit normal per scale and cell index (a cell's index is the first
+        position of its key in ``sorted_keys``; zero where the neighbourhood is not a plane, for the
+        out-of-range cell and at the other rows; arbitrary sign);
+        inv: int64 ``[S, N]`` each return's cell index per scale.
+    """
+    s, n = sorted_keys.shape
+    tables = torch.zeros((s, n, 3), dtype=torch.float64, device=x.device)
+    inv = torch.empty((s, n), dtype=torch.int64, device=x.device)
+    if n == 0:
+        return tables, inv
+    vals = moment_rows(x)
+    for k in range(s):
+        rank, inv[k], mom = cell_moments(x, sorted_keys[k], order[k], vals)
+        tables[k] = cell_plane_normals_torch(sorted_keys[k], rank, mom)
+    return tables, inv
+
+
+def cell_normals(x: torch.Tensor, sorted_keys: torch.Tensor, order: torch.Tensor):
+    """:func:`cell_normals_torch` or its Triton kernels (two launches for every scale, no sync), as dispatch
+    decides."""
+    return kernel(x.device, cell_normals_torch, "triton_normals:cell_normals_triton")(x, sorted_keys, order)
+
+
+@functools.lru_cache(maxsize=64)
+def ray_band_params(device: torch.device, *values: float) -> torch.Tensor:
+    """float64 ``[5]`` ``(tau, longest, reach, min_weight, obs_weight)`` of :func:`ray_bands` on ``device``,
+    uploaded once per configuration (no per-frame copy)."""
+    return torch.tensor([float(v) for v in values], dtype=torch.float64).to(device)
+
+
+def ray_bands_torch(x: torch.Tensor, nrm: torch.Tensor, support: torch.Tensor, prm: torch.Tensor):
+    """Per return: the ray, its band along the ray and its weight from the scan's normals (the reference of
+    :func:`mapper.kernels.triton_normals.ray_bands_triton`; the integrator's rule is
+    :func:`mapper.integrators.tsdf.lidar_rays`).
+
+    Args:
+        x: float64 ``[N, 3]`` returns relative to the sensor; nrm: float64 ``[N, 3]`` normals towards the
+            sensor (zero: none) and support float64 ``[N]`` (as :func:`scan_normals` returns them);
+            prm: float64 ``[5]`` ``(tau, longest, reach, min_weight, obs_weight)`` (:func:`ray_band_params`).
+    Returns:
+        dirs float64 ``[N, 3]``, range ``[N]``, ``t0``, ``t1`` ``[N]``; the normals kept (zero where none or
+        facing away from the ray: ``cos = -dir . n <= 0``); float32 ray weights ``[N]``. With a normal the
+        half band is ``clamp(min(reach / cos, clamp(support, tau, longest)), min=tau)`` and the weight
+        ``obs_weight * clamp(cos, min_weight, 1)``; without one ``tau`` and ``obs_weight``.
+    """
+    r = torch.linalg.vector_norm(x, dim=1)
+    dirs = x / r[:, None]
+    tau, longest, reach, w_min, w_obs = prm.unbind(0)
+    cos = -(dirs * nrm).sum(dim=1)
+    has = (nrm != 0).any(dim=1) & (cos > 0)
+    nrm = nrm * has[:, None]
+    within = torch.minimum(torch.maximum(support, tau), longest)  # within the verified plane
+    half = torch.where(has, torch.maximum(torch.minimum(reach / cos.clamp(min=1e-6), within), tau), tau)
+    w = torch.where(has, torch.minimum(torch.maximum(cos, w_min), torch.ones_like(cos)), 1.0) * w_obs
+    return dirs, r, (r - half).clamp(min=0.0), r + half, nrm, w.to(torch.float32)
+
+
+def ray_bands(x: torch.Tensor, nrm: torch.Tensor, support: torch.Tensor, prm: torch.Tensor):
+    """:func:`ray_bands_torch` or its Triton kernel (one launch), as dispatch decides."""
+    return kernel(x.device, ray_bands_torch, "triton_normals:ray_bands_triton")(x, nrm, support, prm)

@@ -329,6 +329,34 @@ def ray_bricks_bbox(origins, dirs, t0, t1, cell: float) -> torch.Tensor:
     return torch.stack((lo.clamp(BRICK_LO, BRICK_HI - 1), hi.clamp(BRICK_LO, BRICK_HI - 1))).to(torch.int64)
 
 
+def coarse_caps_torch(origins, dirs, t0, t1, cell: float):
+    """Per ray the rows the coarse pass may give it, and the frame's brick box (the reference of
+    :func:`mapper.kernels.triton_segments.coarse_caps_triton`).
+
+    Args:
+        origins: float64 ``[N, 3]`` (or one row expanded); dirs ``[N, 3]``; t0, t1 ``[N]``; cell: brick edge.
+    Returns:
+        cap: int64 ``[N]``: the bricks between the start and end bricks (``sum |b1 - b0|``, float64 as the
+        coarse kernel's start) + 4 (one per axis for a rounding overshoot, and the start), 1 when
+        ``t0 > t1``; caps: int64 ``[7]``: the box of bricks holding every cell the walk can visit (lo x3,
+        hi x3: the end cells with one of margin, clipped to the key range; lo = ``BRICK_HI - 1``, hi =
+        ``BRICK_LO`` for no ray) and the largest capacity (0 for no ray).
+    """
+    o = origins.to(torch.float64)
+    d, a, e = dirs.to(torch.float64), t0.to(torch.float64), t1.to(torch.float64)
+    b0 = torch.floor((o + d * a[:, None]) / cell)
+    b1 = torch.floor((o + d * e[:, None]) / cell)
+    cap = (b1 - b0).abs().sum(dim=1).to(torch.int64) + 4
+    cap = torch.where(a <= e, cap, torch.ones_like(cap))
+    if cap.numel() == 0:
+        lo = torch.full((3,), BRICK_HI - 1, dtype=torch.int64, device=d.device)
+        return cap, torch.cat((lo, torch.full_like(lo, BRICK_LO), lo.new_zeros(1)))
+    lo = torch.minimum(b0.amin(dim=0), b1.amin(dim=0)) - 1
+    hi = torch.maximum(b0.amax(dim=0), b1.amax(dim=0)) + 1
+    box = torch.stack((lo, hi)).clamp(BRICK_LO, BRICK_HI - 1).to(torch.int64)
+    return cap, torch.cat((box.reshape(-1), cap.max().reshape(1)))
+
+
 def _keys_bbox(keys) -> torch.Tensor:
     """int64 ``[2, 3]`` (device): the bounding box of the valid (``>= 0``) keys' bricks (lo > hi: none)."""
     big = 1 << 40
@@ -537,7 +565,8 @@ def _entry_voxel(c, d, exact, entered, lo, lo4):
 
 def plane_offsets(dirs: torch.Tensor, rng: torch.Tensor, normals: torch.Tensor) -> torch.Tensor:
     """float64 ``[R]``: ``rng * (dir . n)``, the offset of each ray's tangent plane (origin-relative); the
-    torch walk and the Triton kernel both take it from here (the same rounding)."""
+    torch walk takes it from here, the Triton walk computes the same expression per segment (the same
+    rounding: no fp fusion)."""
     d = dirs.to(torch.float64)
     n = normals.to(torch.float64)
     return rng.to(torch.float64) * ((d[:, 0] * n[:, 0] + d[:, 1] * n[:, 1]) + d[:, 2] * n[:, 2])

@@ -1,12 +1,15 @@
-"""The LiDAR normal fit's per-cell step as one Triton kernel (imported lazily: triton is optional).
+"""The LiDAR normal fit as Triton kernels (imported lazily: triton is optional).
 
-Same contract as :func:`mapper.kernels.normals.cell_plane_normals_torch` (the reference): one lane per
-cell (at the cell's first position in the sorted keys, found by a ``scatter_reduce``, so the lanes of a warp
-are all busy; lanes past the last cell idle); each distinct valid cell sums the moments of the
-27 cells around it (a binary search of each neighbour key in the sorted keys, a fixed number of steps, sizes
-unspecialised: scans of any size below 2^20 returns share one compiled variant), forms the covariance,
-finds its smallest eigenvalue and eigenvector in closed form and writes the normal (zero where the
-neighbourhood is not a plane) at the cell's rank. No host sync; float64 throughout.
+:func:`cell_normals_triton` (reference :func:`mapper.kernels.normals.cell_normals_torch`), every scale at
+once (grid axis 1): ``_cell_moments_kernel`` gives each sorted position its cell index (the first position
+of its key, a binary search) and adds the return's moments to that row (float64 atomics);
+``_cell_normals_kernel`` runs one lane per cell (the cell number's first position is a binary search in
+the running cell count, so the lanes of a warp are all busy; lanes past the last cell idle); each distinct
+valid cell sums the moments of the 27 cells around it (a binary search of each neighbour key in the
+sorted keys, a fixed number of steps, sizes unspecialised: scans of any size below 2^20 returns share one
+compiled variant), forms the covariance, finds its smallest eigenvalue and eigenvector in closed form and
+writes the normal (zero where the neighbourhood is not a plane) at the cell's index. No host sync; float64
+throughout.
 
 The eigenvalues: with ``B = (C - q I) / p`` (``q`` the mean eigenvalue, ``p`` the spread), the eigenvalues
 ``beta`` of ``B`` are the roots of ``beta^3 - 3 beta - det B`` in ``[-2, 2]``. Triton has no ``acos``, so
@@ -33,18 +36,71 @@ NEWTON_STEPS = 40  # from -2: quadratic convergence in ~6 steps; a (non-planar) 
 
 
 @triton.jit(do_not_specialize=["n"])
+def _cell_moments_kernel(
+    x_ptr, keys_ptr, order_ptr, inv_ptr, new_ptr, mom_ptr, n, STEPS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # scale s (grid axis 1); lane i = sorted position i: its key's first position f (lower bound in the
+    # sorted keys, <= i) is the cell index; the return's moments go to row f (atomics, float64)
+    sc = tl.program_id(1).to(tl.int64) * n
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    key = tl.load(keys_ptr + sc + i, mask=m, other=0)
+    lo = tl.zeros_like(i)
+    hi = tl.where(m, i, lo)
+    for _ in range(STEPS):
+        mid = (lo + hi) // 2
+        open_ = lo < hi
+        v = tl.load(keys_ptr + sc + mid, mask=open_, other=0)
+        go = v < key
+        lo = tl.where(open_ & go, mid + 1, lo)
+        hi = tl.where(open_ & ~go, mid, hi)
+    p = tl.load(order_ptr + sc + i, mask=m, other=0)
+    tl.store(inv_ptr + sc + p, lo, mask=m)
+    tl.store(new_ptr + sc + i, (lo == i).to(tl.int64), mask=m)
+    x = tl.load(x_ptr + p * 3, mask=m, other=0.0)
+    y = tl.load(x_ptr + p * 3 + 1, mask=m, other=0.0)
+    z = tl.load(x_ptr + p * 3 + 2, mask=m, other=0.0)
+    dst = mom_ptr + (sc + lo) * 10
+    tl.atomic_add(dst, x * 0.0 + 1.0, mask=m, sem="relaxed")
+    tl.atomic_add(dst + 1, x, mask=m, sem="relaxed")
+    tl.atomic_add(dst + 2, y, mask=m, sem="relaxed")
+    tl.atomic_add(dst + 3, z, mask=m, sem="relaxed")
+    tl.atomic_add(dst + 4, x * x, mask=m, sem="relaxed")
+    tl.atomic_add(dst + 5, x * y, mask=m, sem="relaxed")
+    tl.atomic_add(dst + 6, x * z, mask=m, sem="relaxed")
+    tl.atomic_add(dst + 7, y * y, mask=m, sem="relaxed")
+    tl.atomic_add(dst + 8, y * z, mask=m, sem="relaxed")
+    tl.atomic_add(dst + 9, z * z, mask=m, sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["n"])
 def _cell_normals_kernel(
-    keys_ptr, rank_ptr, first_ptr, mom_ptr, prm_ptr, out_ptr, n,
+    keys_ptr, cnt_ptr, mom_ptr, prm_ptr, out_ptr, n,
     KB: tl.constexpr, MIN_PTS: tl.constexpr,
     STEPS: tl.constexpr, NEWTON: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    # lane j = cell j: its first sorted position (n past the last cell), so a warp's lanes are all busy
+    # scale s (grid axis 1); lane j = cell number j of that scale, so a warp's lanes are all busy: its first
+    # sorted position is the lower bound of j + 1 in the running cell count (n past the last cell)
+    sc = tl.program_id(1).to(tl.int64) * n
+    keys_ptr += sc
+    cnt_ptr += sc
+    mom_ptr += sc * 10
+    out_ptr += sc * 3
     j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    i = tl.load(first_ptr + j, mask=j < n, other=n)
+    want = j + 1
+    lo = tl.zeros_like(j)
+    hi = tl.where(j < n, lo + n, lo)  # int64, as the loop keeps it
+    for _ in range(STEPS):
+        mid = (lo + hi) // 2
+        open_ = lo < hi
+        v = tl.load(cnt_ptr + mid, mask=open_, other=0)
+        go = v < want
+        lo = tl.where(open_ & go, mid + 1, lo)
+        hi = tl.where(open_ & ~go, mid, hi)
+    i = tl.where(j < n, lo, n)
     m = i < n
     key = tl.load(keys_ptr + i, mask=m, other=-1)
-    prev = tl.load(keys_ptr + i - 1, mask=m & (i > 0), other=-2)
-    act = m & (key >= 0) & (key != prev)
+    act = m & (key >= 0)
     c0 = tl.zeros([BLOCK], dtype=tl.float64)
     s1 = c0
     s2 = c0
@@ -68,7 +124,7 @@ def _cell_normals_kernel(
             hi = tl.where(open_ & ~go, mid, hi)
         inb = act & (lo < n)
         hit = inb & (tl.load(keys_ptr + lo, mask=inb, other=-3) == nk)
-        row = tl.load(rank_ptr + lo, mask=hit, other=0) * 10
+        row = lo * 10  # the neighbour's first sorted position: its moments' row
         c0 += tl.load(mom_ptr + row, mask=hit, other=0.0)
         s1 += tl.load(mom_ptr + row + 1, mask=hit, other=0.0)
         s2 += tl.load(mom_ptr + row + 2, mask=hit, other=0.0)
@@ -139,7 +195,7 @@ def _cell_normals_kernel(
     spread = tl.load(prm_ptr + 1)
     ok = (c0 >= MIN_PTS) & (l0 <= plane * l1) & (l1 >= spread * l2) & (l2 > 0)
     w = tl.where(ok, 1.0 / nv, 0.0)
-    dst = j * 3
+    dst = i * 3
     tl.store(out_ptr + dst, vx * w, mask=act)
     tl.store(out_ptr + dst + 1, vy * w, mask=act)
     tl.store(out_ptr + dst + 2, vz * w, mask=act)
@@ -151,26 +207,32 @@ def _params(device: torch.device) -> torch.Tensor:
     return torch.tensor([PLANE_RATIO, SPREAD_RATIO, CELL_OFFSET], dtype=torch.float64).to(device)
 
 
-def cell_plane_normals_triton(
-    sorted_keys: torch.Tensor, rank: torch.Tensor, mom: torch.Tensor
-) -> torch.Tensor:
-    """Triton version of :func:`mapper.kernels.normals.cell_plane_normals_torch` (same arguments and
-    result; one launch, no host sync)."""
-    n = sorted_keys.shape[0]
-    out = torch.zeros((n, 3), dtype=torch.float64, device=sorted_keys.device)
-    if n == 0:
-        return out
-    dev = sorted_keys.device
-    # the first sorted position of each cell (n for the rows past the last cell): no count read back
-    pos = torch.arange(n, dtype=torch.int64, device=dev)
-    first = torch.full((n,), n, dtype=torch.int64, device=dev).scatter_reduce_(0, rank, pos, reduce="amin")
-    block = 128 if sorted_keys.is_cuda else 1024  # the interpreter's cost is per block
-    _cell_normals_kernel[(triton.cdiv(n, block),)](
-        sorted_keys.contiguous(), rank.contiguous(), first, mom.contiguous(), _params(dev), out, n,
-        KB=KEY_BITS, MIN_PTS=MIN_POINTS,
-        STEPS=SEARCH_STEPS if n < (1 << SEARCH_STEPS) else 32, NEWTON=NEWTON_STEPS, BLOCK=block,
+def cell_normals_triton(x: torch.Tensor, sorted_keys: torch.Tensor, order: torch.Tensor):
+    """Triton version of :func:`mapper.kernels.normals.cell_normals_torch` (same arguments and result): the
+    moments (one launch for every scale), the running cell count (one ``cumsum``), the normals (one launch
+    for every scale); no host sync."""
+    s, n = sorted_keys.shape
+    dev = x.device
+    tables = torch.zeros((s, n, 3), dtype=torch.float64, device=dev)
+    inv = torch.empty((s, n), dtype=torch.int64, device=dev)
+    if n == 0 or s == 0:
+        return tables, inv
+    keys = sorted_keys.contiguous()
+    new = torch.empty((s, n), dtype=torch.int64, device=dev)
+    mom = torch.zeros((s, n, 10), dtype=torch.float64, device=dev)
+    steps = SEARCH_STEPS if n < (1 << SEARCH_STEPS) else 32
+    block = 256 if x.is_cuda else 1024  # the interpreter's cost is per block
+    _cell_moments_kernel[(triton.cdiv(n, block), s)](
+        x.to(torch.float64).contiguous(), keys, order.contiguous(), inv, new, mom, n,
+        STEPS=steps, BLOCK=block, enable_fp_fusion=False,
     )  # fmt: skip
-    return out
+    cnt = torch.cumsum(new, dim=1)
+    block = 128 if x.is_cuda else 1024
+    _cell_normals_kernel[(triton.cdiv(n, block), s)](
+        keys, cnt, mom, _params(dev), tables, n,
+        KB=KEY_BITS, MIN_PTS=MIN_POINTS, STEPS=steps, NEWTON=NEWTON_STEPS, BLOCK=block,
+    )  # fmt: skip
+    return tables, inv
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -261,3 +323,62 @@ def combine_normals_triton(
         edges.to(torch.float64).contiguous(), out, sup, n, S=s, BLOCK=block, enable_fp_fusion=False,
     )  # fmt: skip
     return out, sup
+
+
+@triton.jit(do_not_specialize=["n"])
+def _ray_bands_kernel(
+    x_ptr, nrm_ptr, sup_ptr, prm_ptr, dirs_ptr, r_ptr, t0_ptr, t1_ptr, nout_ptr, w_ptr, n,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    x = tl.load(x_ptr + i * 3, mask=m, other=1.0)
+    y = tl.load(x_ptr + i * 3 + 1, mask=m, other=0.0)
+    z = tl.load(x_ptr + i * 3 + 2, mask=m, other=0.0)
+    nx = tl.load(nrm_ptr + i * 3, mask=m, other=0.0)
+    ny = tl.load(nrm_ptr + i * 3 + 1, mask=m, other=0.0)
+    nz = tl.load(nrm_ptr + i * 3 + 2, mask=m, other=0.0)
+    sup = tl.load(sup_ptr + i, mask=m, other=0.0)
+    tau = tl.load(prm_ptr)
+    longest = tl.load(prm_ptr + 1)
+    reach = tl.load(prm_ptr + 2)
+    w_min = tl.load(prm_ptr + 3)
+    w_obs = tl.load(prm_ptr + 4)
+    r = tl.sqrt(x * x + y * y + z * z)
+    dx = x / r
+    dy = y / r
+    dz = z / r
+    cos = -(dx * nx + dy * ny + dz * nz)
+    has = ((nx != 0) | (ny != 0) | (nz != 0)) & (cos > 0)
+    keep = tl.where(has, 1.0, 0.0)
+    within = tl.minimum(tl.maximum(sup, tau), longest)
+    half = tl.where(has, tl.maximum(tl.minimum(reach / tl.maximum(cos, 1e-6), within), tau), tau)
+    w = tl.where(has, tl.minimum(tl.maximum(cos, w_min), 1.0), 1.0) * w_obs
+    tl.store(dirs_ptr + i * 3, dx, mask=m)
+    tl.store(dirs_ptr + i * 3 + 1, dy, mask=m)
+    tl.store(dirs_ptr + i * 3 + 2, dz, mask=m)
+    tl.store(r_ptr + i, r, mask=m)
+    tl.store(t0_ptr + i, tl.maximum(r - half, 0.0), mask=m)
+    tl.store(t1_ptr + i, r + half, mask=m)
+    tl.store(nout_ptr + i * 3, nx * keep, mask=m)
+    tl.store(nout_ptr + i * 3 + 1, ny * keep, mask=m)
+    tl.store(nout_ptr + i * 3 + 2, nz * keep, mask=m)
+    tl.store(w_ptr + i, w.to(tl.float32), mask=m)
+
+
+def ray_bands_triton(x: torch.Tensor, nrm: torch.Tensor, support: torch.Tensor, prm: torch.Tensor):
+    """Triton version of :func:`mapper.kernels.normals.ray_bands_torch` (same arguments and result, to
+    rounding: one launch)."""
+    n = x.shape[0]
+    dev = x.device
+    f64 = torch.float64
+    dirs, nout = torch.empty((n, 3), dtype=f64, device=dev), torch.empty((n, 3), dtype=f64, device=dev)
+    r, t0, t1 = (torch.empty(n, dtype=f64, device=dev) for _ in range(3))
+    w = torch.empty(n, dtype=torch.float32, device=dev)
+    if n:
+        block = 256 if x.is_cuda else 1024
+        _ray_bands_kernel[(triton.cdiv(n, block),)](
+            x.to(f64).contiguous(), nrm.to(f64).contiguous(), support.to(f64).contiguous(),
+            prm.to(f64).contiguous(), dirs, r, t0, t1, nout, w, n, BLOCK=block, enable_fp_fusion=False,
+        )  # fmt: skip
+    return dirs, r, t0, t1, nout, w

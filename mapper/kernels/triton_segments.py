@@ -28,7 +28,7 @@ import triton.language as tl
 from .keys import BRICK_HI, BRICK_LO
 from .keys import VOXEL_KEY_BIAS as KEY_BIAS
 from .keys import VOXEL_KEY_BITS as KEY_BITS
-from .segments import BAND, MISS, WALK_STEPS, plane_offsets
+from .segments import BAND, MISS, WALK_STEPS
 from .triton_dda import _axis_setup  # the same per-axis DDA set-up as the voxel traversal
 
 _INF = tl.constexpr(float("inf"))
@@ -108,18 +108,11 @@ def brick_segments_triton(origins, dirs, t0, t1, cell: float, max_rows: int | No
     d = dirs.to(torch.float64).contiguous()
     a = t0.to(torch.float64).contiguous()
     e = t1.to(torch.float64).contiguous()
-    # capacity per ray: the bricks between the start and end bricks (the same float64 arithmetic as the
-    # kernel's start), plus one per axis for a rounding overshoot at the end
-    b0 = torch.floor((o + d * a[:, None]) / cell)
-    b1 = torch.floor((o + d * e[:, None]) / cell)
-    cap = (b1 - b0).abs().sum(dim=1).to(torch.int64) + 4
-    cap = torch.where(a <= e, cap, torch.ones_like(cap))
+    # capacity per ray and the bricks' box in one launch (see coarse_caps_torch), then the CSR offsets
+    cap, caps = coarse_caps_triton(o, d, a, e, cell)
     start = torch.zeros(n + 1, dtype=torch.int64, device=dev)
     torch.cumsum(cap, 0, out=start[1:])
-    lo = torch.minimum(b0.amin(dim=0), b1.amin(dim=0)) - 1  # the bricks' box (see ray_bricks_bbox)
-    hi = torch.maximum(b0.amax(dim=0), b1.amax(dim=0)) + 1
-    box = torch.stack((lo, hi)).clamp(BRICK_LO, BRICK_HI - 1).to(torch.int64)
-    vals = torch.cat((box.reshape(-1), start[-1:], cap.max().reshape(1))).tolist()  # the one sync
+    vals = torch.cat((caps[:6], start[-1:], caps[6:])).tolist()  # the one sync: box, total, largest cap
     total, cmax = vals[6], vals[7]
     if max_rows is not None and total > max_rows:
         return None
@@ -146,6 +139,60 @@ def brick_segments_triton(origins, dirs, t0, t1, cell: float, max_rows: int | No
         enable_fp_fusion=False,
     )
     return seg_ray, seg_key, [vals[0:3], vals[3:6]]
+
+
+@triton.jit(do_not_specialize=["n", "o_stride", "o_ptr", "d_ptr", "t0_ptr", "t1_ptr"])  # as _coarse_kernel
+def _coarse_caps_kernel(
+    o_ptr, o_stride, d_ptr, t0_ptr, t1_ptr, prm_ptr, cap_ptr, caps_ptr, n,
+    BLO: tl.constexpr, BHI: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = r < n
+    cell = tl.load(prm_ptr)
+    a = tl.load(t0_ptr + r, mask=m, other=0.0)
+    e = tl.load(t1_ptr + r, mask=m, other=0.0)
+    span = tl.zeros([BLOCK], dtype=tl.float64)
+    for k in tl.static_range(3):
+        o = tl.load(o_ptr + r * o_stride + k, mask=m, other=0.0)
+        d = tl.load(d_ptr + r * 3 + k, mask=m, other=0.0)
+        b0 = tl.floor((o + d * a) / cell)  # launched without fp fusion: the torch reference's rounding
+        b1 = tl.floor((o + d * e) / cell)
+        span += tl.abs(b1 - b0)
+        lo = tl.minimum(tl.maximum(tl.minimum(b0, b1) - 1, BLO), BHI - 1)
+        hi = tl.minimum(tl.maximum(tl.maximum(b0, b1) + 1, BLO), BHI - 1)
+        tl.atomic_min(caps_ptr + k, tl.min(tl.where(m, lo, BHI - 1), axis=0).to(tl.int64), sem="relaxed")
+        tl.atomic_max(caps_ptr + 3 + k, tl.max(tl.where(m, hi, BLO), axis=0).to(tl.int64), sem="relaxed")
+    cap = tl.where(a <= e, span.to(tl.int64) + 4, 1)
+    tl.store(cap_ptr + r, cap, mask=m)
+    tl.atomic_max(caps_ptr + 6, tl.max(tl.where(m, cap, 0), axis=0), sem="relaxed")
+
+
+_CAPS_INIT: dict[torch.device, torch.Tensor] = {}
+
+
+def coarse_caps_triton(origins, dirs, t0, t1, cell: float):
+    """Triton version of :func:`mapper.kernels.segments.coarse_caps_torch` (same arguments and result; one
+    launch, the box and the largest capacity reduced by atomics)."""
+    n = dirs.shape[0]
+    dev = dirs.device
+    o = origins.to(torch.float64)
+    if o.dim() == 1:
+        o = o.expand(n, 3)
+    if o.stride(1) != 1 or o.stride(0) not in (0, 3):
+        o = o.contiguous()
+    init = _CAPS_INIT.get(dev)
+    if init is None:  # [lo x3 = BRICK_HI - 1, hi x3 = BRICK_LO, largest capacity 0], uploaded once
+        init = torch.tensor([BRICK_HI - 1] * 3 + [BRICK_LO] * 3 + [0], dtype=torch.int64).to(dev)
+        _CAPS_INIT[dev] = init
+    caps = init.clone()
+    cap = torch.empty(n, dtype=torch.int64, device=dev)
+    if n:
+        _coarse_caps_kernel[(triton.cdiv(n, _BLOCK_COARSE),)](
+            o, o.stride(0), dirs.to(torch.float64).contiguous(), t0.to(torch.float64).contiguous(),
+            t1.to(torch.float64).contiguous(), device_params(dev, cell), cap, caps, n,
+            BLO=BRICK_LO, BHI=BRICK_HI, BLOCK=_BLOCK_COARSE, enable_fp_fusion=False,
+        )  # fmt: skip
+    return cap, caps
 
 
 _PARAMS: dict[tuple, torch.Tensor] = {}
@@ -191,7 +238,6 @@ def _walk_kernel(
     out_a,  # MISS: uint8 flags; BAND: float32 sdf * w sums
     out_b,  # BAND: float32 w sums
     nrm_ptr,  # PROJ: float64 [R, 3] normals (zero rows: along-ray)
-    q_ptr,  # PROJ: float64 [R] plane offsets
     rw_ptr,  # PROJ: float32 [R] ray weights
     n,
     weight,
@@ -262,7 +308,7 @@ def _walk_kernel(
             ny = tl.load(nrm_ptr + ray * 3 + 1, mask=go, other=0.0)
             nz = tl.load(nrm_ptr + ray * 3 + 2, mask=go, other=0.0)
             has_n = (nx != 0) | (ny != 0) | (nz != 0)
-            q = tl.load(q_ptr + ray, mask=go, other=0.0)
+            q = r * ((dx * nx + dy * ny) + dz * nz)  # plane_offsets' rounding (no fp fusion)
             wt = tl.load(rw_ptr + ray, mask=go, other=0.0)
     for k in tl.static_range(STEPS):
         if k > 0:
@@ -342,10 +388,9 @@ def walk_segments_triton(
     proj = mode == BAND and normals is not None
     if proj:
         nrm = normals.to(torch.float64).contiguous()
-        q = plane_offsets(dirs, rng, normals).contiguous()
         rw = ray_weight.to(torch.float32).contiguous()
     else:
-        nrm = q = a
+        nrm = a
         rw = out_b
     _walk_kernel[(triton.cdiv(n, _BLOCK_WALK),)](
         o,
@@ -361,7 +406,6 @@ def walk_segments_triton(
         out_a,
         out_b,
         nrm,
-        q,
         rw,
         n,
         float(weight),
