@@ -7,6 +7,10 @@ Each case runs in a fresh Python process (Triton keeps compiled kernels in memor
   a service does for ``POST /v1/maps`` after start-up): its first frames are timed.
 * ``restart``: the cache left by ``warm`` (a restarted service with the cache under its data directory):
   the warm-up again (loads from disk) and the first frames of a new map.
+* ``inproc`` (``--cases inproc``, for before/after comparisons inside a short device slot): no warm-up; a
+  throwaway map's first two frames compile what a frame uses (its time is the "map creation" column),
+  then a new map's first frames are timed. ``MAPPER_BENCH_TRITON_CACHE``: one Triton cache for every case
+  (compiled kernels shared between runs of two trees).
 
 A frame = ``integrate_lidar`` of a simulated 120 k-point scan (HDL-64-like, outdoor scene) + ``update_esdf``,
 synchronised. Run: ``python benchmarks/bench_warmup.py --device cuda --out DIR`` (writes ``warmup.md`` and
@@ -68,7 +72,8 @@ def _case(mode: str, device: str, voxel: float, frames: int, beams: int) -> dict
     out["map_create_s"] = time.perf_counter() - t
     out["compiles_create"] = len(compiled)
     compiled.clear()
-    m = Map(voxel, layers=("tsdf", "esdf"), device=dev, warmup=mode != "cold") if mode != "cold" else first
+    warm = mode in ("warm", "restart")
+    m = Map(voxel, layers=("tsdf", "esdf"), device=dev, warmup=warm) if mode != "cold" else first
     ms, ims, comp = [], [], []
     for pts, T in scans:
         sync()

@@ -668,9 +668,19 @@ def test_dense_dilation_equals_intervals_and_bruteforce(device, r, monkeypatch):
         want = brute(radii)
         for dense in (True, False):
             np.testing.assert_array_equal(E._grow_axis(t, r, axis, dense=dense).cpu().numpy(), want)
+    # the pair from one bitmap (the update's stored / computed regions), and its sparse fallback
+    with monkeypatch.context() as mp:
+        mp.setattr(E, "_dense_sets", lambda device: True)
+        near, far = E._dilate_pair(t, r, r + 2)
+    np.testing.assert_array_equal(near.cpu().numpy(), brute((r, r, r)))
+    np.testing.assert_array_equal(far.cpu().numpy(), brute((r + 2,) * 3))
     monkeypatch.setattr(E, "DENSE_CELLS", 10)
     assert E._dilate_dense(t, (r, r, r)) is None
     np.testing.assert_array_equal(E._dilate_bricks(t, r, dense=True).cpu().numpy(), brute((r, r, r)))
+    with monkeypatch.context() as mp:
+        mp.setattr(E, "_dense_sets", lambda device: True)
+        near, far = E._dilate_pair(t, r, r + 2)
+    np.testing.assert_array_equal(far.cpu().numpy(), brute((r + 2,) * 3))
 
 
 def test_incremental_equals_cold_with_dense_sets(monkeypatch):
