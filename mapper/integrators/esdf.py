@@ -363,14 +363,13 @@ def edge_sites(site_t: torch.Tensor) -> torch.Tensor:
     """Per-edge crossings (float32 ``[S, 6]``: ``+a`` / ``-a`` offsets in ``[0, 1/2]`` per axis, NaN =
     none, as :func:`tsdf_sites`) -> the transform's per-line form (float32 ``[S, 9]``: leftmost, rightmost,
     nearest signed offset per line axis)."""
-    cols = []
-    for a in range(3):
-        dp, dm = site_t[:, 2 * a], site_t[:, 2 * a + 1]
-        lo = torch.where(torch.isnan(dm), dp, -dm)
-        hi = torch.where(torch.isnan(dp), -dm, dp)
-        near = torch.where(torch.isnan(dp) | (dm < dp), -dm, dp)
-        cols += [lo, hi, near]
-    return torch.stack(cols, dim=1)
+    t = site_t.reshape(-1, 3, 2)  # the three axes at once
+    dp, dm = t[:, :, 0], t[:, :, 1]
+    ndm = -dm
+    lo = torch.where(torch.isnan(dm), dp, ndm)
+    hi = torch.where(torch.isnan(dp), ndm, dp)
+    near = torch.where(torch.isnan(dp) | (dm < dp), ndm, dp)
+    return torch.stack((lo, hi, near), dim=2).reshape(-1, 9)
 
 
 # ------------------------------------------------------------------- ESDF coarser than the source layers
