@@ -101,8 +101,15 @@ def emulate_cuda():
     from mapper.grid import IndexGrid
     from mapper.layers import PagedPool
 
-    # one Triton launch each on CUDA (the paged gather/scatter where the pool has several pages)
-    for cls, name in ((PagedPool, "gather"), (PagedPool, "scatter"), (IndexGrid, "ijk_to_leaf")):
+    # one Triton launch each on CUDA (the paged gather / scatter / fill where the pool has several pages;
+    # the CPU loops over the pages)
+    patched = (
+        (PagedPool, "gather"),
+        (PagedPool, "scatter"),
+        (PagedPool, "fill_slots"),
+        (IndexGrid, "ijk_to_leaf"),
+    )
+    for cls, name in patched:
         orig = getattr(cls, name)
 
         def counted(self, *args, _orig=orig, **kwargs):

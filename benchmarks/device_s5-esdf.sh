@@ -3,11 +3,12 @@
 # repository root with $OUT set (PYTHONPATH: the tree + the service wheels):  bash benchmarks/device_s5-esdf.sh
 # Old vs new in this one call: the base tree (main 04bf0e6) is this tree's mapper/ with
 # benchmarks/device_s5-esdf.base.diff reversed (the branch's changes to mapper/), under /tmp/s5-base.
-# 1. the ESDF / envelope tests marked for the GPU (<= 22 s);
+# 1. the ESDF / envelope tests marked for the GPU (<= 24 s);
 # 2. bench_warmup.py --cases inproc (kernels compiled by a throwaway map's 2 frames, then a new map's first
 #    3 frames: integrate_lidar 115 k points + update_esdf, TSDF + ESDF 10 cm), base then new tree;
 # 3. bench_esdf.py --parts lidar at 10 cm (5 frames after 2 warm-up frames; ops / launches / syncs per
-#    update), base then new tree.
+#    update), base then new tree. Every step has a deadline (seconds after the start), so the whole stays
+#    within 70 s; a step cut short leaves its log.
 # Outputs: $OUT/s5-esdf/{gpu.txt,tests.log,{base,new}/warmup.md,esdf_{base,new}.md,*.log}.
 set -u
 D="${OUT:-/tmp/out}/s5-esdf"
@@ -25,13 +26,13 @@ base_ok=$?
 el base-tree $base_ok
 XDIST=""
 python3 -c 'import xdist' 2>/dev/null && XDIST="-n 4"
-timeout 22 python3 -m pytest -q -p no:cacheprovider $XDIST -k "cuda or gpu" -rfE \
+timeout 24 python3 -m pytest -q -p no:cacheprovider $XDIST -k "cuda or gpu" -rfE \
   tests/test_esdf.py tests/test_esdf_coarse.py tests/test_envelope.py > "$D/tests.log" 2>&1
 el tests $?
 for tree in base new; do
   [ "$tree" = base ] && [ "$base_ok" != 0 ] && continue
   PP="$PYTHONPATH"; [ "$tree" = base ] && PP="$BASE:$PYTHONPATH"
-  end=50; [ "$tree" = base ] && end=38
+  end=52; [ "$tree" = base ] && end=40
   left=$(( end - ($(date +%s) - start) )); [ "$left" -lt 8 ] && left=8
   PYTHONPATH="$PP" timeout "$left" python3 benchmarks/bench_warmup.py --device cuda --voxel 0.1 --frames 3 \
     --cases inproc --label "$tree tree" --out "$D/$tree" > "$D/warmup_$tree.log" 2>&1
@@ -40,10 +41,10 @@ done
 for tree in base new; do
   [ "$tree" = base ] && [ "$base_ok" != 0 ] && continue
   PP="$PYTHONPATH"; [ "$tree" = base ] && PP="$BASE:$PYTHONPATH"
-  end=69; [ "$tree" = base ] && end=59
+  end=69; [ "$tree" = base ] && end=60
   left=$(( end - ($(date +%s) - start) )); [ "$left" -lt 5 ] && left=5
   PYTHONPATH="$PP" timeout "$left" python3 benchmarks/bench_esdf.py --device cuda --parts lidar \
-    --lidar-voxels 0.1 --lidar-frames 7 --warmup 2 --count-frames 1 --out "$D/esdf_$tree.md" \
+    --lidar-voxels 0.1 --lidar-frames 5 --warmup 2 --count-frames 1 --out "$D/esdf_$tree.md" \
     > "$D/esdf_$tree.log" 2>&1
   el "esdf-$tree" $?
 done
