@@ -32,8 +32,9 @@ is the minimum over the orientations. Orientations k and j share their last pass
 i(min) + i, j(i), k(i): 3 line passes and 5 envelope passes (1 and 2 for an occupancy map, whose centres
 are k-line points). Each pass lays the voxels out line by line (bricks sorted by the two other axes, each
 run of ``n`` consecutive bricks giving 16 lines of ``4 n`` voxels). Work: ``O(N)`` per pass for ``N``
-voxels, whatever the max distance; the envelope passes run only on the bricks the stored ones need (the
-stored bricks grown by ``Rb`` along the passes still to come, see :func:`squared_distances`).
+voxels, whatever the max distance; on the CPU the envelope passes run only on the bricks the stored ones
+need (the stored bricks grown by ``Rb`` along the passes still to come, see :func:`squared_distances`), on
+CUDA on the whole domain (fewer host ops; the same values).
 
 **Incremental == cold**, bit for bit: a value depends only on the crossings whose site voxels lie within
 ``M`` (box) of the voxel, on the voxel's own source values, and on intermediate values on the lines
@@ -854,6 +855,9 @@ def squared_distances(
     grown by ``Rb = ceil(M / 4)`` bricks along ``x`` (inside the domain): beyond that every candidate is
     farther than ``M``. So with ``W = out_bricks`` the last passes run on ``W + i`` / ``W + k`` and the
     middle ones on ``W + i + j``, ``W + i + k``, ``W + k + j``; only the line passes span the domain.
+    That is the CPU path; on CUDA (``_cuda_path``, unless ``SUBSET_PASSES_CUDA``) the envelope passes run on
+    the whole domain's layouts (the same values on ``W``; the subsets' host ops cost more there) and the
+    three line passes run as one batch.
     """
     dev = bricks.device
     nb = bricks.shape[0]
