@@ -286,7 +286,16 @@ def main(argv=None):
     )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--subset-passes",
+        action="store_true",
+        help="CUDA: envelope passes on the stored bricks' subsets (esdf.SUBSET_PASSES_CUDA), not the domain",
+    )
     args = ap.parse_args(argv)
+    if args.subset_passes:
+        from mapper.integrators import esdf as _esdf
+
+        _esdf.SUBSET_PASSES_CUDA = True
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = torch.device(args.device)

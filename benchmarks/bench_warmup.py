@@ -7,6 +7,10 @@ Each case runs in a fresh Python process (Triton keeps compiled kernels in memor
   a service does for ``POST /v1/maps`` after start-up): its first frames are timed.
 * ``restart``: the cache left by ``warm`` (a restarted service with the cache under its data directory):
   the warm-up again (loads from disk) and the first frames of a new map.
+* ``inproc`` (``--cases inproc``, for before/after comparisons inside a short device slot): no warm-up; a
+  throwaway map's first two frames compile what a frame uses (its time is the "map creation" column),
+  then a new map's first frames are timed. ``MAPPER_BENCH_TRITON_CACHE``: one Triton cache for every case
+  (compiled kernels shared between runs of two trees).
 
 A frame = ``integrate_lidar`` of a simulated 120 k-point scan (HDL-64-like, outdoor scene) + ``update_esdf``,
 synchronised. Run: ``python benchmarks/bench_warmup.py --device cuda --out DIR`` (writes ``warmup.md`` and
@@ -58,12 +62,18 @@ def _case(mode: str, device: str, voxel: float, frames: int, beams: int) -> dict
     except Exception:  # no triton: nothing compiles
         pass
     t = time.perf_counter()
-    first = Map(voxel, layers=("tsdf", "esdf"), device=dev, warmup=mode != "cold")
+    first = Map(voxel, layers=("tsdf", "esdf"), device=dev, warmup=mode not in ("cold", "inproc"))
+    if mode == "inproc":  # the kernels compiled by a throwaway map's frames instead of the warm-up
+        for pts, T in scans[:2]:
+            first.integrate_lidar(pts, T)
+            first.update_esdf()
+        del first
     sync()
     out["map_create_s"] = time.perf_counter() - t
     out["compiles_create"] = len(compiled)
     compiled.clear()
-    m = Map(voxel, layers=("tsdf", "esdf"), device=dev, warmup=mode != "cold") if mode != "cold" else first
+    warm = mode in ("warm", "restart")
+    m = Map(voxel, layers=("tsdf", "esdf"), device=dev, warmup=warm) if mode != "cold" else first
     ms, ims, comp = [], [], []
     for pts, T in scans:
         sync()
@@ -91,6 +101,15 @@ def main() -> None:
     ap.add_argument("--beams", type=int, default=64, help="64 x 1875 rays: ~120 k returns")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--skip-cold", action="store_true", help="only the warm and restart cases")
+    ap.add_argument(
+        "--cases",
+        nargs="+",
+        default=None,
+        choices=["cold", "warm", "restart", "inproc"],
+        help="instead: these cases; inproc = kernels compiled by a throwaway map's two frames in the same "
+        "process (no warm-up: seconds, not the warm-up's minute of cold compiles), then a new map's frames",
+    )
+    ap.add_argument("--label", default="", help="a label for the report's title (e.g. the tree measured)")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.case:  # child process
@@ -98,8 +117,13 @@ def main() -> None:
         return
     results = []
     with tempfile.TemporaryDirectory() as cold_dir, tempfile.TemporaryDirectory() as warm_dir:
-        cases = (("cold", cold_dir), ("warm", warm_dir), ("restart", warm_dir))
-        for mode, cache in cases[1:] if a.skip_cold else cases:
+        cases = (("cold", cold_dir), ("warm", warm_dir), ("restart", warm_dir), ("inproc", warm_dir))
+        if a.cases:
+            todo = [c for c in cases if c[0] in a.cases]
+        else:
+            todo = cases[1:3] if a.skip_cold else cases[:3]
+        for mode, cache in todo:
+            cache = os.environ.get("MAPPER_BENCH_TRITON_CACHE", cache)  # a shared cache (device scripts)
             env = {**os.environ, "TRITON_CACHE_DIR": cache}
             cmd = [sys.executable, __file__, "--case", mode, "--device", a.device, "--voxel", str(a.voxel)]
             cmd += ["--frames", str(a.frames), "--beams", str(a.beams)]
@@ -134,11 +158,12 @@ def main() -> None:
             else platform.processor()
         )
         head = [
-            "# First frame of a new map: cold / after warm-up / after restart (bench_warmup.py)",
+            "# First frame of a new map: cold / after warm-up / after restart (bench_warmup.py)"
+            + (f" - {a.label}" if a.label else ""),
             "",
             f"{datetime.now(UTC).isoformat(timespec='seconds')}, {hw}, torch {torch.__version__}",
             f"command: python benchmarks/bench_warmup.py --device {a.device} --voxel {a.voxel} "
-            f"--frames {a.frames}",
+            f"--frames {a.frames}" + (f" --cases {' '.join(a.cases)}" if a.cases else ""),
             f"frame = integrate_lidar ({results[0]['points']} points) + update_esdf, tsdf+esdf at "
             f"{a.voxel} m",
             "",

@@ -109,10 +109,12 @@ def test_argument_errors():
         lower_envelope(f, s, torch.tensor([1, 2]))
 
 
-def test_transform_on_needed_bricks_equals_full(device):
+def test_transform_on_needed_bricks_equals_full(device, monkeypatch):
     """``squared_distances(..., out_bricks=W)`` runs the envelope passes only on ``W`` grown along the
     passes still to come; on ``W`` it must give the full transform's bits wherever the value is within
-    the margin, and a value beyond the margin where the full one is beyond it."""
+    the margin, and a value beyond the margin where the full one is beyond it. (CUDA runs the passes on
+    the whole domain by default, ``SUBSET_PASSES_CUDA``: both settings there.)"""
+    from mapper.integrators import esdf as E
     from mapper.integrators.common import voxel_keys
     from mapper.integrators.esdf import squared_distances
 
@@ -129,14 +131,16 @@ def test_transform_on_needed_bricks_equals_full(device):
     w = bricks[torch.rand(bricks.shape[0], generator=g) < 0.1]
     bricks, vox, t, w = (x.to(device) for x in (bricks, vox, t, w))
     full = squared_distances(bricks, vox, t, margin)
-    part = squared_distances(bricks, vox, t, margin, out_bricks=w)
-    rows = torch.searchsorted(voxel_keys(bricks), voxel_keys(w))
-    a, b = full[rows].cpu(), part[rows].cpu()
-    cap = (margin - 0.5) ** 2
-    near = a <= cap
-    assert near.any() and (~near).any()
-    assert torch.equal(a[near], b[near])
-    assert (b[~near] > cap).all()
+    for subsets in (False, True) if bricks.device.type == "cuda" else (False,):
+        monkeypatch.setattr(E, "SUBSET_PASSES_CUDA", subsets)
+        part = squared_distances(bricks, vox, t, margin, out_bricks=w)
+        rows = torch.searchsorted(voxel_keys(bricks), voxel_keys(w))
+        a, b = full[rows].cpu(), part[rows].cpu()
+        cap = (margin - 0.5) ** 2
+        near = a <= cap
+        assert near.any() and (~near).any()
+        assert torch.equal(a[near], b[near])
+        assert (b[~near] > cap).all()
 
 
 def _oracle_window(f: np.ndarray, start: np.ndarray, length: np.ndarray, w: int) -> np.ndarray:

@@ -380,6 +380,46 @@ def test_incremental_equals_cold_edits(device):
     assert torch.equal(integ.view()[1]["esdf"], vals_before["esdf"])
 
 
+@pytest.mark.parametrize("source", ["tsdf", "occupancy"])
+def test_cuda_path_choices_equal_cpu_path(monkeypatch, source):
+    """The CUDA path's choices taken on the CPU (``esdf._cuda_path``: one chunk per pass, dense brick
+    sets, prefix counts, the line passes of all orientations in one batch, the envelope passes on the
+    whole domain) give the CPU path's layer bit for bit, cold and incremental (the CPU path is checked
+    against SciPy / brute force above; CUDA runs these choices)."""
+    from mapper.integrators import esdf as esdf_mod
+
+    maxd = 0.45
+    layer = BrickLayer(
+        tsdf_fields(TsdfConfig(VOX)) if source == "tsdf" else occupancy_fields(), torch.device("cpu")
+    )
+    args = (layer, None) if source == "tsdf" else (None, layer)
+    cpu, cuda = EsdfIntegrator(VOX, maxd, "cpu"), EsdfIntegrator(VOX, maxd, "cpu")
+
+    def write(bricks, sdf):
+        if source == "tsdf":
+            return write_tsdf(layer, bricks, sdf, band_only=True, seed=2)
+        lo = np.where(sdf(brick_centres(bricks)) < 0, 1.5, -0.5)
+        lo[np.random.default_rng(3).random(lo.shape) < 0.2] = np.nan
+        b = torch.as_tensor(bricks)
+        layer.pool.scatter("log_odds", layer.allocate(b), torch.as_tensor(lo).float())
+        return b
+
+    def both(dirty):
+        cpu.update(*args, dirty)
+        with monkeypatch.context() as mp:
+            mp.setattr(esdf_mod, "_cuda_path", lambda device: True)
+            cuda.update(*args, dirty)
+            cold = cold_of(cpu, *args)
+        assert_same_layer(cpu, cuda)
+        assert_same_layer(cpu, cold)
+
+    b1 = write(block_bricks([-0.9] * 3, [0.9] * 3), sphere_sdf([0, 0, 0], 0.5))
+    both([b1])
+    b2 = write(block_bricks([1.0, -0.5, -0.5], [2.6, 0.5, 0.5]), box_sdf([1.8, 0, 0], [0.4, 0.2, 0.3]))
+    both([b2])
+    assert cpu.layer.num_bricks > 0 and cpu.last["recomputed_voxels"] < 64 * cpu.layer.num_bricks
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("source", ["tsdf", "occupancy"])
 def test_incremental_equals_cold_random(device, source, seed):
@@ -628,9 +668,19 @@ def test_dense_dilation_equals_intervals_and_bruteforce(device, r, monkeypatch):
         want = brute(radii)
         for dense in (True, False):
             np.testing.assert_array_equal(E._grow_axis(t, r, axis, dense=dense).cpu().numpy(), want)
+    # the pair from one bitmap (the update's stored / computed regions), and its sparse fallback
+    with monkeypatch.context() as mp:
+        mp.setattr(E, "_dense_sets", lambda device: True)
+        near, far = E._dilate_pair(t, r, r + 2)
+    np.testing.assert_array_equal(near.cpu().numpy(), brute((r, r, r)))
+    np.testing.assert_array_equal(far.cpu().numpy(), brute((r + 2,) * 3))
     monkeypatch.setattr(E, "DENSE_CELLS", 10)
     assert E._dilate_dense(t, (r, r, r)) is None
     np.testing.assert_array_equal(E._dilate_bricks(t, r, dense=True).cpu().numpy(), brute((r, r, r)))
+    with monkeypatch.context() as mp:
+        mp.setattr(E, "_dense_sets", lambda device: True)
+        near, far = E._dilate_pair(t, r, r + 2)
+    np.testing.assert_array_equal(far.cpu().numpy(), brute((r + 2,) * 3))
 
 
 def test_incremental_equals_cold_with_dense_sets(monkeypatch):

@@ -32,8 +32,9 @@ is the minimum over the orientations. Orientations k and j share their last pass
 i(min) + i, j(i), k(i): 3 line passes and 5 envelope passes (1 and 2 for an occupancy map, whose centres
 are k-line points). Each pass lays the voxels out line by line (bricks sorted by the two other axes, each
 run of ``n`` consecutive bricks giving 16 lines of ``4 n`` voxels). Work: ``O(N)`` per pass for ``N``
-voxels, whatever the max distance; the envelope passes run only on the bricks the stored ones need (the
-stored bricks grown by ``Rb`` along the passes still to come, see :func:`squared_distances`).
+voxels, whatever the max distance; on the CPU the envelope passes run only on the bricks the stored ones
+need (the stored bricks grown by ``Rb`` along the passes still to come, see :func:`squared_distances`), on
+CUDA on the whole domain (fewer host ops; the same values).
 
 **Incremental == cold**, bit for bit: a value depends only on the crossings whose site voxels lie within
 ``M`` (box) of the voxel, on the voxel's own source values, and on intermediate values on the lines
@@ -54,11 +55,13 @@ import torch
 from ..errors import InvalidArgument, InvalidArgumentType
 from ..grid import IndexGrid
 from ..kernels.envelope import distance_pass
+from ..kernels.keys import VOXEL_KEY_BITS
 from ..layers import BrickLayer, FieldSpec, brick_in_leaf, brick_local_coords, brick_offsets
 from .common import keys_to_ijk, voxel_keys
 
 CPU_ROWS = 1 << 17  # slots per chunk of a line pass on the CPU (int32: 512 KB per array)
 CPU_BRICKS = 1 << 11  # bricks per chunk for site extraction and distances on the CPU
+SUBSET_PASSES_CUDA = False  # CUDA: envelope passes on the stored bricks' subsets (True) or the domain
 DENSE_CELLS = 1 << 25  # largest bounding box (bricks) that brick-set dilation maps densely (64 MiB fp16)
 
 
@@ -67,8 +70,14 @@ def esdf_fields(max_distance_m: float) -> dict[str, FieldSpec]:
     return {"esdf": FieldSpec(torch.float32, (), max_distance_m), "observed": FieldSpec(torch.bool, (), 0)}
 
 
+def _cuda_path(device: torch.device) -> bool:
+    """Whether the update takes the CUDA path's choices (one chunk per pass, dense brick sets, prefix
+    counts): on CUDA; ``benchmarks/count_esdf_ops.py`` switches it on to count that path's ops on the CPU."""
+    return device.type == "cuda"
+
+
 def _chunks(n: int, device: torch.device, rows: int):
-    step = n if device.type == "cuda" or n <= rows else rows
+    step = n if _cuda_path(device) or n <= rows else rows
     for s in range(0, n, max(step, 1)):
         yield slice(s, min(s + step, n))
 
@@ -87,6 +96,13 @@ def _member(query: torch.Tensor, sorted_keys: torch.Tensor) -> torch.Tensor:
         return torch.zeros(query.shape, dtype=torch.bool, device=query.device)
     pos = torch.searchsorted(sorted_keys, query).clamp_(max=sorted_keys.numel() - 1)
     return sorted_keys[pos] == query
+
+
+def _key_steps(device) -> torch.Tensor:
+    """int64 ``[3]``: what a unit step along i / j / k adds to a voxel key (:func:`voxel_keys` is linear in
+    the coordinates while they stay inside the key range, as every brick of a map and its margins do)."""
+    b = VOXEL_KEY_BITS
+    return torch.tensor([1 << (2 * b), 1 << b, 1], dtype=torch.int64, device=device)
 
 
 def _dilate_axis(b: torch.Tensor, r: int, axis: int) -> torch.Tensor:
@@ -110,16 +126,17 @@ def _dilate_axis(b: torch.Tensor, r: int, axis: int) -> torch.Tensor:
 def _dense_sets(device: torch.device) -> bool:
     """Whether brick sets are dilated through a dense bitmap by default: on CUDA, where the interval merge's
     ~30 launches and 2 host syncs per axis cost more than the bitmap; on the CPU the merge is cheaper."""
-    return device.type == "cuda"
+    return _cuda_path(device)
 
 
-def _dilate_dense(bricks: torch.Tensor, radii: tuple[int, int, int]) -> torch.Tensor | None:
+def _dilate_dense(bricks: torch.Tensor, radii: tuple[int, int, int], then: int = 0):
     """Sorted unique int64 ``[M', 3]`` bricks within ``radii[a]`` of the unique ``bricks`` along each axis
     ``a`` (a box), through a bitmap over their grown bounding box and three separable max-pools: a fixed
     dozen launches and two host reads (the box, the result's size), whatever the set. None when the box
-    has more than ``DENSE_CELLS`` cells (the caller takes the sparse path)."""
+    has more than ``DENSE_CELLS`` cells (the caller takes the sparse path). ``then > 0``: returns that set
+    and the set grown by ``then`` more on every axis, from the same bitmap (box dilations compose)."""
     dev = bricks.device
-    rad = torch.tensor(radii, dtype=torch.int64, device=dev)
+    rad = torch.tensor([r + then for r in radii], dtype=torch.int64, device=dev)
     lo_t = bricks.min(dim=0).values - rad
     box = torch.cat((lo_t, bricks.max(dim=0).values + rad)).tolist()  # one read of 6 integers
     ext = [box[3 + a] - box[a] + 1 for a in range(3)]
@@ -130,12 +147,30 @@ def _dilate_dense(bricks: torch.Tensor, radii: tuple[int, int, int]) -> torch.Te
     b = bricks - lo_t
     grid[b[:, 0], b[:, 1], b[:, 2]] = 1
     x = grid[None, None]
-    for a, r in enumerate(radii):
-        if r:
-            k, pad = [1, 1, 1], [0, 0, 0]
-            k[a], pad[a] = 2 * r + 1, r
-            x = torch.nn.functional.max_pool3d(x, k, stride=1, padding=pad)
-    return x[0, 0].nonzero() + lo_t  # row-major order of the box = key order (i major)
+
+    def grow(x, radii):
+        for a, r in enumerate(radii):
+            if r:
+                k, pad = [1, 1, 1], [0, 0, 0]
+                k[a], pad[a] = 2 * r + 1, r
+                x = torch.nn.functional.max_pool3d(x, k, stride=1, padding=pad)
+        return x
+
+    x = grow(x, radii)
+    first = x[0, 0].nonzero() + lo_t  # row-major order of the box = key order (i major)
+    if not then:
+        return first
+    return first, grow(x, (then, then, then))[0, 0].nonzero() + lo_t
+
+
+def _dilate_pair(bricks: torch.Tensor, r1: int, r2: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`_dilate_bricks` by ``r1``, by ``r2 > r1``) of the unique ``bricks``: one bitmap for both
+    on the dense path (one box read, one grid)."""
+    if bricks.shape[0] and r1 and r2 > r1 and _dense_sets(bricks.device):
+        out = _dilate_dense(bricks, (r1, r1, r1), then=r2 - r1)
+        if out is not None:
+            return out
+    return _dilate_bricks(bricks, r1), _dilate_bricks(bricks, r2)
 
 
 def _dilate_bricks(bricks: torch.Tensor, r: int, dense: bool | None = None) -> torch.Tensor:
@@ -169,17 +204,31 @@ def _grow_axis(bricks: torch.Tensor, r: int, axis: int, dense: bool | None = Non
 
 
 # ------------------------------------------------------------------------------------- source values
-def _gather_bricks(layer: BrickLayer | None, bricks: torch.Tensor, name: str, fill) -> torch.Tensor:
+def _gather_bricks(layer: BrickLayer | None, bricks: torch.Tensor, name, fill):
     """Field ``name`` of whole bricks (int64 ``[M, 3]`` brick coordinates) -> ``[M, 64]`` in the field's
-    dtype; absent bricks (or no layer) read ``fill``."""
+    dtype; absent bricks (or no layer) read ``fill``. ``name`` and ``fill`` may be tuples: a list of
+    fields then, from one lookup of the bricks."""
+    if isinstance(name, tuple):
+        names, fills = name, fill
+    else:
+        names, fills = (name,), (fill,)
+    m = bricks.shape[0]
     if layer is None:
-        return torch.full((bricks.shape[0], 64), fill, device=bricks.device)
-    dtype = layer.pool.fields[name].dtype
-    if bricks.shape[0] == 0 or layer.grid.num_leaves == 0 or layer.pool.capacity == 0:
-        return torch.full((bricks.shape[0], 64), fill, dtype=dtype, device=bricks.device)
-    slot, _ = layer.voxel_slots(bricks << 2)
-    vals = layer.pool.gather(name, slot.clamp(min=0))
-    return torch.where((slot >= 0)[:, None], vals, torch.full_like(vals, fill))
+        out = [torch.full((m, 64), f, device=bricks.device) for f in fills]
+    elif m == 0 or layer.grid.num_leaves == 0 or layer.pool.capacity == 0:
+        out = [
+            torch.full((m, 64), f, dtype=layer.pool.fields[n].dtype, device=bricks.device)
+            for n, f in zip(names, fills, strict=True)
+        ]
+    else:
+        slot, _ = layer.voxel_slots(bricks << 2)
+        have = (slot >= 0)[:, None]
+        slot = slot.clamp(min=0)
+        out = []
+        for n, f in zip(names, fills, strict=True):
+            vals = layer.pool.gather(n, slot)
+            out.append(torch.where(have, vals, torch.full_like(vals, f)))
+    return out if isinstance(name, tuple) else out[0]
 
 
 def _existing_bricks(layer: BrickLayer, bricks: torch.Tensor) -> torch.Tensor:
@@ -219,45 +268,57 @@ def tsdf_sites(layer: BrickLayer, bricks: torch.Tensor, rows: int = CPU_BRICKS):
     none = torch.zeros((0, 3), dtype=torch.int64, device=dev), torch.zeros((0, 6), device=dev)
     if bricks.shape[0] == 0 or layer.grid.num_leaves == 0:
         return none
-    # the bricks and their face neighbours that exist, gathered once; row ``len(ext)`` = "absent"
-    steps = torch.cat((torch.zeros((1, 3), dtype=torch.int64), torch.eye(3, dtype=torch.int64)))
-    steps = torch.cat((steps, -steps[1:])).to(dev)  # 0, +i, +j, +k, -i, -j, -k
-    ext, ext_slot = _existing_slots(layer, _unique_bricks((bricks[:, None, :] + steps[None]).reshape(-1, 3)))
+    # the bricks and their face neighbours that exist, gathered once; row ``len(ext)`` = "absent". Keys
+    # are linear in the coordinates (``_key_steps``): a neighbour's key is the brick's plus a constant.
+    step_keys = _key_steps(dev)
+    nkeys = voxel_keys(bricks)[:, None] + torch.cat((step_keys[:1] * 0, step_keys, -step_keys))[None, :]
+    ext, ext_slot = _existing_slots(layer, keys_to_ijk(torch.unique(nkeys)))
     keys = voxel_keys(ext)
     t_all = _gather_slots(layer, ext_slot, "tsdf").to(torch.float32)
     o_all = _gather_slots(layer, ext_slot, "weight") > 0
     t_all = torch.cat((t_all, t_all.new_zeros((1, 64)))).reshape(-1, 4, 4, 4)
     o_all = torch.cat((o_all, o_all.new_zeros((1, 64)))).reshape(-1, 4, 4, 4)
-
-    def rows_of(b):
-        k = voxel_keys(b)
-        pos = torch.searchsorted(keys, k).clamp_(max=max(keys.numel() - 1, 0))
-        return torch.where(keys[pos] == k, pos, torch.full_like(pos, keys.numel()))
+    # rows of the brick (column 0) and of its neighbours +i, +j, +k, -i, -j, -k (columns 1..6), one search
+    pos = torch.searchsorted(keys, nkeys).clamp_(max=max(keys.numel() - 1, 0))
+    nrows = torch.where(keys[pos] == nkeys, pos, keys.numel()) if keys.numel() else pos
 
     out_v, out_t = [], []
+    inner = slice(1, 5)
     for sl in _chunks(bricks.shape[0], dev, rows):
         b = bricks[sl]
-        own = rows_of(b)
-        tv, ov = t_all[own], o_all[own]
-        slots = []
-        for axis in range(3):
-            d = axis + 1
-            up, down = rows_of(b + steps[1 + axis]), rows_of(b + steps[4 + axis])
-            # values at v + e_axis and at v - e_axis (the neighbour brick's face where v is on the border)
-            t_next = torch.cat((tv.narrow(d, 1, 3), t_all[up].narrow(d, 0, 1)), dim=d)
-            o_next = torch.cat((ov.narrow(d, 1, 3), o_all[up].narrow(d, 0, 1)), dim=d)
-            t_prev = torch.cat((t_all[down].narrow(d, 3, 1), tv.narrow(d, 0, 3)), dim=d)
-            o_prev = torch.cat((o_all[down].narrow(d, 3, 1), ov.narrow(d, 0, 3)), dim=d)
-            pos = tv > 0
-            # edge (v, v + e): t = a / (a - b) from v; it is v's crossing when t <= 0.5
-            cross = ov & o_next & (pos != (t_next > 0))
-            t = tv / (tv - t_next)
-            slots.append(torch.where(cross & (t <= 0.5), t, torch.full_like(t, math.nan)))
-            # edge (v - e, v): the same expression evaluated from the lower voxel; v's when t > 0.5
-            cross = o_prev & ov & ((t_prev > 0) != pos)
-            t = t_prev / (t_prev - tv)
-            slots.append(torch.where(cross & (t > 0.5), 1.0 - t, torch.full_like(t, math.nan)))
-        tt = torch.stack(slots, dim=-1).reshape(-1, 64, 6)
+        m = b.shape[0]
+        # the brick padded by one voxel from its six face neighbours ([m, 6, 6, 6]; edges unused), so the
+        # three axes are formed at once: the values at v + e_a / v - e_a are shifted windows of it
+        g_t, g_o = t_all[nrows[sl]], o_all[nrows[sl]]  # [m, 7, 4, 4, 4]
+        pad_t = torch.zeros((m, 6, 6, 6), dtype=t_all.dtype, device=dev)
+        pad_o = torch.zeros((m, 6, 6, 6), dtype=torch.bool, device=dev)
+        for pad, g in ((pad_t, g_t), (pad_o, g_o)):
+            pad[:, inner, inner, inner] = g[:, 0]
+            pad[:, 5, inner, inner] = g[:, 1, 0]  # +i neighbour: its i = 0 face
+            pad[:, inner, 5, inner] = g[:, 2, :, 0]
+            pad[:, inner, inner, 5] = g[:, 3, :, :, 0]
+            pad[:, 0, inner, inner] = g[:, 4, 3]  # -i neighbour: its i = 3 face
+            pad[:, inner, 0, inner] = g[:, 5, :, 3]
+            pad[:, inner, inner, 0] = g[:, 6, :, :, 3]
+
+        def shifted(pad, d):  # [m, 3, 4, 4, 4]: the values at v + d e_a for a = i, j, k
+            w = (slice(1 + d, 5 + d), inner, inner)
+            return torch.stack([pad[(slice(None), *w[-a:], *w[:-a])] for a in range(3)], dim=1)
+
+        tv, ov = g_t[:, :1], g_o[:, :1]  # [m, 1, 4, 4, 4]
+        t_next, o_next = shifted(pad_t, 1), shifted(pad_o, 1)
+        t_prev, o_prev = shifted(pad_t, -1), shifted(pad_o, -1)
+        pos = tv > 0
+        # edge (v, v + e): t = a / (a - b) from v; it is v's crossing when t <= 0.5
+        cross = ov & o_next & (pos != (t_next > 0))
+        t = tv / (tv - t_next)
+        up = torch.where(cross & (t <= 0.5), t, math.nan)
+        # edge (v - e, v): the same expression evaluated from the lower voxel; v's when t > 0.5
+        cross = o_prev & ov & ((t_prev > 0) != pos)
+        t = t_prev / (t_prev - tv)
+        down = torch.where(cross & (t > 0.5), 1.0 - t, math.nan)
+        # columns (+i, -i, +j, -j, +k, -k) per voxel
+        tt = torch.stack((up, down), dim=2).permute(0, 3, 4, 5, 1, 2).reshape(-1, 64, 6)
         site = ~torch.isnan(tt).all(dim=2)
         bi, oi = site.nonzero(as_tuple=True)
         out_v.append(b[bi] * 4 + local[oi])
@@ -288,8 +349,8 @@ def sign_observed(tsdf: BrickLayer | None, occ: BrickLayer | None, bricks: torch
     obs_t = torch.zeros((m, 64), dtype=torch.bool, device=bricks.device)
     inside_t = torch.zeros_like(obs_t)
     if tsdf is not None:
-        obs_t = _gather_bricks(tsdf, bricks, "weight", 0.0) > 0
-        inside_t = _gather_bricks(tsdf, bricks, "tsdf", 0.0) <= 0
+        w, t = _gather_bricks(tsdf, bricks, ("weight", "tsdf"), (0.0, 0.0))
+        obs_t, inside_t = w > 0, t <= 0
     known = torch.zeros_like(obs_t)
     occupied = torch.zeros_like(obs_t)
     if occ is not None:
@@ -303,14 +364,13 @@ def edge_sites(site_t: torch.Tensor) -> torch.Tensor:
     """Per-edge crossings (float32 ``[S, 6]``: ``+a`` / ``-a`` offsets in ``[0, 1/2]`` per axis, NaN =
     none, as :func:`tsdf_sites`) -> the transform's per-line form (float32 ``[S, 9]``: leftmost, rightmost,
     nearest signed offset per line axis)."""
-    cols = []
-    for a in range(3):
-        dp, dm = site_t[:, 2 * a], site_t[:, 2 * a + 1]
-        lo = torch.where(torch.isnan(dm), dp, -dm)
-        hi = torch.where(torch.isnan(dp), -dm, dp)
-        near = torch.where(torch.isnan(dp) | (dm < dp), -dm, dp)
-        cols += [lo, hi, near]
-    return torch.stack(cols, dim=1)
+    t = site_t.reshape(-1, 3, 2)  # the three axes at once
+    dp, dm = t[:, :, 0], t[:, :, 1]
+    ndm = -dm
+    lo = torch.where(torch.isnan(dm), dp, ndm)
+    hi = torch.where(torch.isnan(dp), ndm, dp)
+    near = torch.where(torch.isnan(dp) | (dm < dp), ndm, dp)
+    return torch.stack((lo, hi, near), dim=2).reshape(-1, 9)
 
 
 # ------------------------------------------------------------------- ESDF coarser than the source layers
@@ -636,18 +696,20 @@ def _line_layout(
     dev = bricks.device
     nb = bricks.shape[0]
     u, v = (x for x in range(3) if x != axis)
-    order = torch.argsort(voxel_keys(bricks[:, [u, v, axis]]))
-    c = bricks[order]
-    ca = c[:, axis]
+    if axis == 2:  # (u, v, axis) = (i, j, k): the key order the bricks come in
+        sk, order = voxel_keys(bricks), torch.arange(nb, device=dev)
+    else:
+        sk, order = torch.sort(voxel_keys(bricks[:, [u, v, axis]]))
+    # a run continues where the next key (axis in the low bits) is the key + 1: same u, v, next brick
     new = torch.ones(nb, dtype=torch.bool, device=dev)
-    new[1:] = (c[1:, u] != c[:-1, u]) | (c[1:, v] != c[:-1, v]) | (ca[1:] != ca[:-1] + 1)
+    new[1:] = (sk[1:] - sk[:-1]) != 1
     run = torch.cumsum(new, 0) - 1
     first = new.nonzero().squeeze(1)
     count = torch.diff(first, append=first.new_tensor([nb]))
     line = 4 * count  # voxels per line of the run
     # on the CPU, runs laid out by increasing length (stable): the lines of one length form one contiguous
     # block, which the min-plus pass reads as a [lines, length] view (no gather); CUDA: key order
-    if dev.type == "cuda":
+    if _cuda_path(dev):
         cs = count
         base_s = base = torch.cumsum(64 * cs, 0) - 64 * cs
     else:
@@ -672,7 +734,7 @@ def _line_layout(
     starts = (base_s[:, None] + ar16[None, :] * (4 * cs)[:, None]).reshape(-1)
     lengths = (4 * cs)[:, None].expand(-1, 16).reshape(-1)
     total = nb * 64
-    if dev.type == "cuda" or total <= rows:
+    if _cuda_path(dev) or total <= rows:
         return perm, starts, lengths, [(0, total, 0, starts.numel())]
     cut = torch.ones(base_s.numel(), dtype=torch.bool, device=dev)
     cut[1:] = (base_s[1:] // rows) != (base_s[:-1] // rows)
@@ -713,7 +775,7 @@ def _nearest_marked(
     ``far`` where none). Two equivalent forms (the same integers): on CUDA a prefix count and a lookup,
     because a scan with indices (``torch.cummax``) runs one row per block there (~100x slower on a long
     row); on the CPU the running max/min, 2x cheaper than the count and lookup (``by_count``: force)."""
-    if by_count if by_count is not None else has.device.type == "cuda":
+    if by_count if by_count is not None else _cuda_path(has.device):
         count = torch.cumsum(has, 0, dtype=ar.dtype)
         pos = has.nonzero().squeeze(1).to(ar.dtype)
         left = torch.cat((pos.new_full((1,), -far), pos))[count - has.to(ar.dtype)]
@@ -793,6 +855,9 @@ def squared_distances(
     grown by ``Rb = ceil(M / 4)`` bricks along ``x`` (inside the domain): beyond that every candidate is
     farther than ``M``. So with ``W = out_bricks`` the last passes run on ``W + i`` / ``W + k`` and the
     middle ones on ``W + i + j``, ``W + i + k``, ``W + k + j``; only the line passes span the domain.
+    That is the CPU path; on CUDA (``_cuda_path``, unless ``SUBSET_PASSES_CUDA``) the envelope passes run on
+    the whole domain's layouts (the same values on ``W``; the subsets' host ops cost more there) and the
+    three line passes run as one batch.
     """
     dev = bricks.device
     nb = bricks.shape[0]
@@ -834,25 +899,23 @@ def squared_distances(
             layouts[axis] = _line_layout(bricks, axis, rows)
         return layouts[axis]
 
-    if dev.type != "cuda":  # the domain bricks holding a site
+    if not _cuda_path(dev):  # the domain bricks holding a site
         marked = torch.zeros(nb, dtype=torch.bool, device=dev)
         marked[at // 64] = True
 
     def lines_of(axis):
         """On the CPU the line pass along ``axis`` runs on the runs of bricks that hold a site only (CUDA:
         the whole domain, one pass, no host read)."""
-        if dev.type == "cuda":
+        if _cuda_path(dev):
             return None
         rows_ = _runs_with(bricks, axis, marked)
         return None if rows_ is None else bricks[rows_]
 
     def crossings(axis):
-        out = []
-        for col in (3 * axis, 3 * axis + 1, 3 * axis + 2):
-            d = torch.full((n + 1,), math.nan, dtype=torch.float32, device=dev)
-            d[at] = site_t[:, col]
-            out.append(d)
-        return out
+        """float32 ``[n + 1, 3]``: leftmost, rightmost, nearest crossing per voxel (NaN: none)."""
+        d = torch.full((n + 1, 3), math.nan, dtype=torch.float32, device=dev)
+        d[at] = site_t[:, 3 * axis : 3 * axis + 3]
+        return d
 
     def run(axis, jobs, name=""):
         perm, starts, lengths, chunks = layout(axis, name)
@@ -864,10 +927,11 @@ def squared_distances(
                 job(perm[s:e], starts[l0:l1] - s, lengths[l0:l1])  # voxels in slot order, lines in the chunk
 
     def line_job(out, axis):
-        lo, hi, near = crossings(axis)
+        cr = crossings(axis)
 
         def job(idx, start, length):
-            out[idx] = _line_min(lo[idx], hi[idx], near[idx], start, length)
+            c = cr[idx]  # one gather of the three columns
+            out[idx] = _line_min(c[:, 0], c[:, 1], c[:, 2], start, length)
 
         job.chunked = True
         return job
@@ -882,24 +946,53 @@ def squared_distances(
     def fresh():
         return torch.full((n + 1,), math.inf, dtype=torch.float32, device=dev)
 
-    w = "" if out_bricks is None else "W"
+    def line_passes():
+        """CUDA path: the line passes of every orientation at once (one :func:`_line_min` over the three
+        full-domain layouts laid one after the other; each line's values depend only on its own slots)."""
+        k = len(axes)
+        out = torch.full((k, n + 1), math.inf, dtype=torch.float32, device=dev)
+        cr = torch.full((k, n + 1, 3), math.nan, dtype=torch.float32, device=dev)
+        cols = torch.tensor([[3 * x, 3 * x + 1, 3 * x + 2] for x in axes], device=dev)
+        cr[:, at] = site_t[:, cols].transpose(0, 1)  # [k, S, 3]
+        idt = _index_dtype(k * (n + 1))
+        parts = [layout(x) for x in axes]
+        idx = torch.cat([p[0].to(idt) + j * (n + 1) for j, p in enumerate(parts)])
+        starts = torch.cat([p[1] + j * n for j, p in enumerate(parts)])
+        lengths = torch.cat([p[2] for p in parts])
+        c = cr.view(-1, 3)[idx]
+        del cr
+        out.view(-1)[idx] = _line_min(c[:, 0], c[:, 1], c[:, 2], starts, lengths)
+        return dict(zip(axes, out.unbind(0), strict=True))
+
+    # CUDA: the envelope passes on the whole domain (its three layouts, built once for the line passes:
+    # exact, as the cold path; the per-pass subsets below cost ~70 host ops and 3 syncs each, more than
+    # the passes they save there); the CPU keeps the subsets (its passes cost per slot)
+    batched = _cuda_path(dev) and not SUBSET_PASSES_CUDA
+    w = "" if out_bricks is None or batched else "W"
+    pre = line_passes() if batched else {}
     a = b = c = None
     if 2 in axes:
-        a = fresh()
-        run(2, [line_job(a, 2)], "lines")
+        a = pre.get(2)
+        if a is None:
+            a = fresh()
+            run(2, [line_job(a, 2)], "lines")
         run(1, [window_job(a)], w + "ij")
     if 1 in axes:
-        b = fresh()
-        run(1, [line_job(b, 1)], "lines")
+        b = pre.get(1)
+        if b is None:
+            b = fresh()
+            run(1, [line_job(b, 1)], "lines")
         run(2, [window_job(b)], w + "ik")
         a = b if a is None else torch.minimum(a, b, out=a)
         del b
     if a is not None:
         run(0, [window_job(a)], w + "i")
     if 0 in axes:
-        c = fresh()
-        run(0, [line_job(c, 0)], "lines")
-        layouts.clear()
+        c = pre.get(0)
+        if c is None:
+            c = fresh()
+            run(0, [line_job(c, 0)], "lines")
+            layouts.clear()
         run(1, [window_job(c)], w + "kj")
         run(2, [window_job(c)], w + "k")
         a = c if a is None else torch.minimum(a, c, out=a)
@@ -1010,8 +1103,7 @@ class EsdfIntegrator:
         # voxel, all inside the box of half-width M around the voxel: R = O + Rb. The domain computed is
         # (site bricks in R) + Rb and (observed bricks in R) + Rb, restricted to R, which holds every
         # intermediate of those boxes.
-        out_region = _dilate_bricks(delta, 1 + self.brick_radius)
-        region = _dilate_bricks(delta, 1 + 2 * self.brick_radius)
+        out_region, region = _dilate_pair(delta, 1 + self.brick_radius, 1 + 2 * self.brick_radius)
         res = self._recompute(tsdf, occupancy, free, region, out_region)
         res["ms"] = (time.perf_counter() - t0) * 1e3
         self.last = res
@@ -1087,9 +1179,10 @@ class EsdfIntegrator:
         if src is None:
             raise InvalidArgument("esdf: needs a tsdf or occupancy layer for its surface sites")
         if self.same_lattice:
-            src_bricks = (
-                _unique_bricks(src.brick_table()[0]) if region is None else _existing_bricks(src, region)
-            )
+            if region is None:
+                src_bricks = _unique_bricks(src.brick_table()[0])
+            else:
+                src_bricks = region[(self._region_slots(src, region, cache) >= 0).nonzero().squeeze(1)]
             if tsdf is not None:
                 vox, t = tsdf_sites(tsdf, src_bricks)
             else:
@@ -1126,6 +1219,8 @@ class EsdfIntegrator:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """ESDF bricks that may hold an observed voxel (sorted unique), in ``region`` (None: all), and
         which of them the source layers can reach (the others are known through the free record only)."""
+        if region is not None and self.same_lattice:
+            return self._region_candidates(tsdf, occ, free, region, cache)
         parts = []
         for la in (tsdf, occ):
             if la is None or la.grid.num_leaves == 0:
@@ -1147,6 +1242,35 @@ class EsdfIntegrator:
         if region is not None:
             cand = cand[_member(voxel_keys(cand), voxel_keys(region))]
         return cand, _member(voxel_keys(cand), voxel_keys(src))
+
+    @staticmethod
+    def _region_slots(la: BrickLayer, region: torch.Tensor, cache: dict | None) -> torch.Tensor:
+        """int64 ``[R]`` slots of the region's bricks in ``la`` (-1: absent); one lookup per layer and
+        update (``cache``)."""
+        key = ("slots", id(la))
+        if cache is not None and key in cache:
+            return cache[key]
+        if la.grid.num_leaves == 0 or region.shape[0] == 0:
+            slot = torch.full((region.shape[0],), -1, dtype=torch.int64, device=region.device)
+        else:
+            slot = la.voxel_slots(region << 2)[0]
+        if cache is not None:
+            cache[key] = slot
+        return slot
+
+    def _region_candidates(self, tsdf, occ, free, region, cache: dict | None = None):
+        """:meth:`_observed_candidates` on the same lattice with a region: the region's bricks allocated in
+        a source layer or the free record, found by looking the region up in each (a few launches, work
+        O(region)) instead of merging the layers' whole brick tables (O(map), ~90 ops)."""
+        src = torch.zeros(region.shape[0], dtype=torch.bool, device=self.device)
+        for la in (tsdf, occ):
+            if la is not None and la.grid.num_leaves:
+                src |= self._region_slots(la, region, cache) >= 0
+        known = src
+        if free is not None and free.grid.num_leaves:
+            known = src | (free.voxel_slots(region << 2)[0] >= 0)
+        rows = known.nonzero().squeeze(1)
+        return region[rows], src[rows]
 
     def _sign_observed(self, tsdf, occ, free, bricks, near_src):
         """(inside, observed) ``[M, 64]`` of ESDF bricks; the source layers are read only where
@@ -1179,7 +1303,8 @@ class EsdfIntegrator:
         site_bricks = _unique_bricks(site_vox >> 2)
         cand, near_src = self._observed_candidates(tsdf, occ, free, region, near, cache)
         inside, observed = self._sign_observed(tsdf, occ, free, cand, near_src)
-        seen = observed.any(dim=1)
+        # selections by one index each (one nonzero), not by a boolean mask per tensor (a sync each)
+        seen = observed.any(dim=1).nonzero().squeeze(1)
         obs_bricks = cand[seen]
         inside, observed = inside[seen], observed[seen]
         domain = _dilate_bricks(site_bricks, self.brick_radius)
@@ -1187,21 +1312,23 @@ class EsdfIntegrator:
         in_dom = _member(dk, voxel_keys(_dilate_bricks(obs_bricks, self.brick_radius)))
         if region is not None:
             in_dom &= _member(dk, voxel_keys(region))
+        in_dom = in_dom.nonzero().squeeze(1)
         domain, dk = domain[in_dom], dk[in_dom]
         ok = voxel_keys(obs_bricks)
         keep = _member(ok, dk)
         if out_region is not None:
             keep &= _member(ok, voxel_keys(out_region))
+        keep = keep.nonzero().squeeze(1)
         write, inside, observed = obs_bricks[keep], inside[keep], observed[keep]
         freed = self._free_outside(write, out_region)
         n_write = write.shape[0]
         if n_write:
-            in_dom = _member(voxel_keys(site_vox >> 2), dk)
+            in_dom = _member(voxel_keys(site_vox >> 2), dk).nonzero().squeeze(1)
             axes = (2, 1, 0) if tsdf is not None else (2,)
             d2 = squared_distances(
                 domain, site_vox[in_dom], site_t[in_dom], self.margin, axes, self.cpu_rows, write
             )
-            d2 = d2[_member(dk, ok[keep])]
+            d2 = d2[torch.searchsorted(dk, ok[keep])]  # the written bricks' rows (all in the domain)
             dist = torch.clamp(torch.sqrt(d2) * self.voxel_size_m, max=self.max_distance_m)
             slots = self.layer.allocate(write)
             self.layer.pool.scatter("esdf", slots, torch.where(inside, -dist, dist))
