@@ -8,7 +8,6 @@ shared, loaded machine the minimum is the cost, the median includes waiting for 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -17,18 +16,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_report import emit, lidar_frame  # noqa: E402
+from bench_report import emit, frame_args, lidar_frame  # noqa: E402
 
 from mapper import Map, budget, store, wire  # noqa: E402
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--points", type=int, default=120_000)
+    ap = frame_args(__doc__)
     ap.add_argument("--voxel", type=float, default=0.1)
-    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--columns", type=int, default=3, help="point columns: 3 (x, y, z) or 4 (+ intensity)")
-    ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     data = lidar_frame(args.points, args.columns)
     m = Map(args.voxel, layers=("tsdf", "esdf"), device="cpu", max_range_m=100.0)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
@@ -67,6 +68,16 @@ def timing_head(title: str, dev, note_column: str = "note") -> list[str]:
         f"| case | median ms | p99 ms | max ms | n | {note_column} |",
         "|---|---|---|---|---|---|",
     ]
+
+
+def frame_args(doc: str) -> argparse.ArgumentParser:
+    """The options of a per-frame host-work report: ``--points`` (120 000: a LiDAR frame), ``--reps``
+    (5), ``--out`` (the markdown file)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--points", type=int, default=120_000)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", type=Path)
+    return ap
 
 
 def lidar_frame(points: int, columns: int = 3) -> bytes:

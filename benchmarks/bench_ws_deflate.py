@@ -7,7 +7,6 @@ loop, for every frame. Median and max of ``--reps`` runs; writes a markdown repo
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import zlib
@@ -17,14 +16,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_report import emit, lidar_frame  # noqa: E402
+from bench_report import emit, frame_args, lidar_frame  # noqa: E402
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--points", type=int, default=120_000)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", type=Path)
+    ap = frame_args(__doc__)
     args = ap.parse_args(argv)
     msg = lidar_frame(args.points)
     comp_ms, infl_ms, size = [], [], 0
