@@ -132,19 +132,13 @@ def run_sharded(args) -> str:
     from mapper import Map, sharding
     from mapper.client import ApiError
     from mapper.cluster.ingress import create_cluster_app
+    from mapper.cluster.ray_cluster import start_local_ray
     from mapper.settings import Settings
 
     budget = args.budget_mib << 20
     scans = [drive_scan(i, args.points, args.step) for i in range(args.frames)]
     cfg = dict(voxel_size_m=args.voxel, layers=["tsdf"])
-    ray.init(
-        num_cpus=2,
-        object_store_memory=200 << 20,
-        include_dashboard=False,
-        namespace="mapper-bench",
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    start_local_ray(num_cpus=2, namespace="mapper-bench")
     out: dict = {}
     try:
         with tempfile.TemporaryDirectory(prefix="mapper-shard-bench-") as tmp:
@@ -294,17 +288,11 @@ def main() -> None:
     import ray
 
     from mapper.cluster.ingress import create_cluster_app
+    from mapper.cluster.ray_cluster import start_local_ray
     from mapper.settings import Settings
 
     frames = [wire.packb(wire.lidar_message(*lidar_scan(i, args.points), float(i))) for i in range(64)]
-    ray.init(
-        num_cpus=2,
-        object_store_memory=200 << 20,
-        include_dashboard=False,
-        namespace="mapper-bench",
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    start_local_ray(num_cpus=2, namespace="mapper-bench")
     rows = []
     try:
         for n in [int(x) for x in args.workers.split(",")]:

@@ -14,35 +14,16 @@ GPU busy time).
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import os
-import platform
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from mapper import Map, graphs, sim
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_report import row, timing_head, wall  # noqa: E402
 
-def sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def timed(fn, dev, reps):
-    fn()
-    ts = []
-    for _ in range(reps):
-        sync(dev)
-        t0 = time.perf_counter()
-        fn()
-        sync(dev)
-        ts.append((time.perf_counter() - t0) * 1e3)
-    a = np.asarray(ts)
-    return float(np.median(a)), float(np.percentile(a, 99)), float(a.max()), a.size
+from mapper import Map, sim  # noqa: E402
 
 
 def profile(fn) -> str:
@@ -70,18 +51,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
-    hw = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
-    lines = [
-        f"# bench_graph_queries ({args.device})",
-        "",
-        f"- date: {_dt.datetime.now(_dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- hardware: {hw}; cores: {os.cpu_count()}; torch {torch.__version__}",
-        f"- CUDA graphs (`MAPPER_CUDA_GRAPHS`): {'on' if graphs.enabled(dev) else 'off'}",
-        f"- command: `python {' '.join(sys.argv)}`",
-        "",
-        "| case | median ms | p99 ms | max ms | n | one call |",
-        "|---|---|---|---|---|---|",
-    ]
+    lines = timing_head(f"bench_graph_queries ({args.device})", dev, note_column="one call")
     scene = sim.indoor_scene(0, device=dev)
     cam = sim.PinholeCamera(640, 480, 525.0, 525.0, 319.5, 239.5)
     poses = sim.orbit_trajectory(args.frames, scene=scene)
@@ -105,9 +75,9 @@ def main(argv=None):
         ),
     ]
     for name, fn in cases:
-        med, p99, mx, n = timed(fn, dev, args.reps)
-        note = profile(fn) if dev.type == "cuda" else ""
-        lines.append(f"| {name} | {med:.3f} | {p99:.3f} | {mx:.3f} | {n} | {note} |")
+        fn()
+        ts = [wall(fn, dev)[0] for _ in range(args.reps)]
+        lines.append(row(name, ts, profile(fn) if dev.type == "cuda" else ""))
         print(lines[-1], flush=True)
     shape = m.esdf_slice(z, lo_xy, hi_xy, resolution_m=res, update_esdf=False).distance.shape
     vox = m.stats()["layers"]["tsdf"]["voxels"] / 1e6

@@ -18,22 +18,18 @@ Reports median, p99 and max.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_outputs import shell_map  # noqa: E402
+from bench_report import row, timing_head, wall  # noqa: E402
 
 from mapper import Map, graphs, sim  # noqa: E402
-from mapper.kernels.dispatch import use_triton  # noqa: E402
 from mapper.kernels.marching import changed_neighbourhood_keys, marching_cubes  # noqa: E402
 from mapper.mesh import _tables, neighbour_slots  # noqa: E402
 
@@ -41,29 +37,6 @@ from mapper.mesh import _tables, neighbour_slots  # noqa: E402
 def sync(dev):
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-
-
-def wall(fn, dev):
-    sync(dev)
-    t0 = time.perf_counter()
-    out = fn()
-    sync(dev)
-    return (time.perf_counter() - t0) * 1e3, out
-
-
-def stats(xs):
-    a = np.asarray(xs, float)
-    return {
-        "median": float(np.median(a)),
-        "p99": float(np.percentile(a, 99)),
-        "max": float(a.max()),
-        "n": a.size,
-    }
-
-
-def row(case, xs, note=""):
-    s = stats(xs)
-    return f"| {case} | {s['median']:.3f} | {s['p99']:.3f} | {s['max']:.3f} | {s['n']} | {note} |"
 
 
 def bench_full(args, dev, lines):
@@ -258,20 +231,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
-    hw = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
-    head = [
-        f"# bench_mesh ({args.device})",
-        "",
-        f"- date: {_dt.datetime.now(_dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- hardware: {hw}; CPU threads: {torch.get_num_threads()}; cores: {os.cpu_count()}",
-        f"- software: python {platform.python_version()}, torch {torch.__version__}; kernels: "
-        f"{'Triton' if use_triton(dev) else 'torch reference'}",
-        f"- CUDA graphs (`MAPPER_CUDA_GRAPHS`): {'on' if graphs.enabled(dev) else 'off'}",
-        f"- command: `python {' '.join(sys.argv)}`",
-        "",
-        "| case | median ms | p99 ms | max ms | n | note |",
-        "|---|---|---|---|---|---|",
-    ]
+    head = timing_head(f"bench_mesh ({args.device})", dev)
     print("\n".join(head), flush=True)
     lines = []
     parts = [bench_full] if "full" in args.parts else []

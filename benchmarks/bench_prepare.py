@@ -8,8 +8,6 @@ shared, loaded machine the minimum is the cost, the median includes waiting for 
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import sys
 import time
 from pathlib import Path
@@ -17,25 +15,18 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_service import hardware, lidar_scan  # noqa: E402
+from bench_report import emit, frame_args, lidar_frame  # noqa: E402
 
 from mapper import Map, budget, store, wire  # noqa: E402
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--points", type=int, default=120_000)
+    ap = frame_args(__doc__)
     ap.add_argument("--voxel", type=float, default=0.1)
-    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--columns", type=int, default=3, help="point columns: 3 (x, y, z) or 4 (+ intensity)")
-    ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    pts, T = lidar_scan(0, args.points)
-    if args.columns == 4:
-        pts = np.concatenate([pts, np.ones((pts.shape[0], 1), np.float32)], axis=1)
-    data = wire.packb(wire.lidar_message(pts, T, 0.0))
+    data = lidar_frame(args.points, args.columns)
     m = Map(args.voxel, layers=("tsdf", "esdf"), device="cpu", max_range_m=100.0)
     limits = wire.Limits(1 << 24, 1 << 26, 1 << 24, 1e6)
 
@@ -51,7 +42,6 @@ def main(argv=None) -> None:
     frame, t_parse = med(lambda: wire.parse_frame(wire.unpackb(data), limits))
     _, t_record = med(lambda: store.encode_record("frame", frame))
     _, t_bound = med(lambda: budget.lidar_growth(m, frame.points, frame.T_world_sensor, 1 << 40))
-    cmd = " ".join(sys.argv[1:] if argv is None else argv)
     rows = [
         ("msgpack decode", t_unpack),
         ("decode + wire.parse_frame (validation)", t_parse),
@@ -59,11 +49,6 @@ def main(argv=None) -> None:
         ("growth bound (budget.lidar_growth)", t_bound),
     ]
     lines = [
-        "# The one way in: host work per frame before the writer",
-        "",
-        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
-        f"- hardware: {hardware()}",
-        f"- command: `python benchmarks/bench_prepare.py {cmd}`",
         f"- frame: {args.points} points x {args.columns} ({len(data)} bytes msgpack), voxel {args.voxel} m, "
         "tsdf+esdf",
         "",
@@ -71,10 +56,7 @@ def main(argv=None) -> None:
         "|---|---|---|",
         *[f"| {name} | {ms[0]:.1f} | {ms[1]:.1f} |" for name, ms in rows],
     ]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        args.out.write_text(report)
+    emit("The one way in: host work per frame before the writer", "bench_prepare.py", argv, lines, args.out)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,6 @@ loop, for every frame. Median and max of ``--reps`` runs; writes a markdown repo
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import sys
 import time
 import zlib
@@ -17,21 +15,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_service import hardware, lidar_scan  # noqa: E402
-
-from mapper import wire  # noqa: E402
+from bench_report import emit, frame_args, lidar_frame  # noqa: E402
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--points", type=int, default=120_000)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", type=Path)
+    ap = frame_args(__doc__)
     args = ap.parse_args(argv)
-    pts, T = lidar_scan(0, args.points)
-    msg = wire.packb(wire.lidar_message(pts, T, 0.0))
+    msg = lidar_frame(args.points)
     comp_ms, infl_ms, size = [], [], 0
     for _ in range(args.reps):
         c = zlib.compressobj(6, zlib.DEFLATED, -15)
@@ -44,13 +35,7 @@ def main(argv=None) -> None:
         infl_ms.append((time.perf_counter() - t) * 1e3)
         assert out == msg
         size = len(comp)
-    cmd = " ".join(sys.argv[1:] if argv is None else argv)
     lines = [
-        "# permessage-deflate on a LiDAR frame",
-        "",
-        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
-        f"- hardware: {hardware()}",
-        f"- command: `python benchmarks/bench_ws_deflate.py {cmd}`",
         f"- frame: {args.points} points, {len(msg)} bytes msgpack -> {size} bytes deflated "
         f"({size / len(msg):.3f})",
         "",
@@ -59,10 +44,7 @@ def main(argv=None) -> None:
         f"| deflate (client, per frame) | {np.median(comp_ms):.1f} | {max(comp_ms):.1f} |",
         f"| inflate (server event loop, per frame) | {np.median(infl_ms):.1f} | {max(infl_ms):.1f} |",
     ]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        args.out.write_text(report)
+    emit("permessage-deflate on a LiDAR frame", "bench_ws_deflate.py", argv, lines, args.out)
 
 
 if __name__ == "__main__":

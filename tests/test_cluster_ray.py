@@ -13,10 +13,12 @@ import tarfile
 import threading
 import time
 
+import crash_helpers
 import httpx
 import numpy as np
 import pytest
 import torch
+from crash_helpers import StreamThread, answer_within, check_recovered, rebuilt, served_map
 from test_service_helpers import scan
 
 from mapper import Map
@@ -27,9 +29,9 @@ from mapper.persistence import DataDir, MapDir, load_snapshot_file
 from mapper.settings import Settings
 from mapper.store import save_new_map
 
-ray = pytest.importorskip(
-    "ray", reason="ray is not installed (pip install 'mapper[ray]'): cluster tests skip"
-)
+pytest.importorskip("ray", reason="ray is not installed (pip install 'mapper[ray]'): cluster tests skip")
+
+pytestmark = pytest.mark.ray  # on the session's local Ray (conftest.py: local_ray)
 
 WATCHDOG_S = 600  # the module took 403 s at load ~15 on 2 cores (session 3)
 TOKEN, READ = "cluster-token", "cluster-read"
@@ -37,7 +39,7 @@ CONFIG = dict(voxel_size_m=0.25, layers=["tsdf", "esdf"], esdf_max_distance_m=1.
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, local_ray):
     from mapper.cluster.ingress import create_cluster_app
 
     faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)  # never hang CI
@@ -47,14 +49,6 @@ def cluster(tmp_path_factory):
     for i in range(3):
         legacy.integrate_lidar(*scan(i + 50))
     save_new_map(DataDir(root), legacy, name="legacy")
-    ray.init(
-        num_cpus=2,
-        object_store_memory=200 << 20,
-        include_dashboard=False,
-        namespace="mapper-test",
-        log_to_driver=False,
-        configure_logging=False,
-    )
     settings = Settings(
         data_dir=root,
         device="cpu",
@@ -69,7 +63,6 @@ def cluster(tmp_path_factory):
         with serve_in_thread(create_cluster_app(settings, workers=3), timeout_s=240) as url:
             yield url, root
     finally:
-        ray.shutdown()
         faulthandler.cancel_dump_traceback_later()
 
 
@@ -84,24 +77,11 @@ def owner(url: str, map_id: str) -> dict:
 
 
 def reference(n: int, offset: int = 0) -> Map:
-    m = Map(**CONFIG, device="cpu")
-    for i in range(n):
-        m.integrate_lidar(*scan(i + offset))
-    return m
-
-
-def served_map(c: MapperClient, map_id: str, path) -> Map:
-    c.export(map_id, path)
-    tensors, meta = load_snapshot_file(path)
-    return Map.from_state_dict(tensors, meta, device="cpu")
+    return rebuilt(CONFIG, n, lambda i: scan(i + offset))
 
 
 def assert_same_tsdf(a: Map, b: Map) -> None:
-    g1, x = a.layer("tsdf")
-    g2, y = b.layer("tsdf")
-    assert torch.equal(g1.ijk, g2.ijk)
-    torch.testing.assert_close(x["weight"], y["weight"], rtol=0, atol=1e-4)
-    torch.testing.assert_close(x["tsdf"], y["tsdf"], rtol=0, atol=1e-4)
+    crash_helpers.assert_same_tsdf(a, b, atol=1e-4)
 
 
 def test_cluster_auth_and_workers(cluster, tmp_path):
@@ -223,8 +203,6 @@ def test_sigkill_of_a_worker_mid_stream_loses_no_acked_frame(cluster, tmp_path):
     h = {"Authorization": f"Bearer {TOKEN}"}
     r = httpx.post(f"{url}/v1/maps/{hid}/move", json={"worker": victim["worker"]}, headers=h, timeout=120)
     assert r.status_code == 200 and owner(url, hid)["worker"] == victim["worker"]
-    acks: list[dict] = []
-    errors: list[BaseException] = []
     # HTTP frames into a second map of the same worker: (frame index, "acked" | "lost" (502)) in order
     posted: list[tuple[int, str]] = []
     stop = threading.Event()
@@ -251,44 +229,18 @@ def test_sigkill_of_a_worker_mid_stream_loses_no_acked_frame(cluster, tmp_path):
     poster = threading.Thread(target=post)
     poster.start()
 
-    def stream():
-        try:
-            with MapperClient(url, token=TOKEN) as c2, c2.stream(mid, window=4) as s:
-                for i in range(n_frames):
-                    acks.extend(s.send_lidar(*scan(i), frame_id=f"f{i}"))
-                acks.extend(s.flush())
-        except BaseException as e:  # the kill cuts the stream
-            errors.append(e)
-
-    t = threading.Thread(target=stream)
-    t.start()
-    deadline = time.monotonic() + 120
-    while len(acks) < 10 and t.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    os.kill(victim["pid"], signal.SIGKILL)
-    killed = time.monotonic()
-    t.join(90)
-    assert not t.is_alive()
-    assert errors, "the stream should have been cut by the kill"
-    n_acked = len(acks)
+    stream = StreamThread(url, mid, n_frames, token=TOKEN).start()
+    killed = stream.kill_after(10, lambda: os.kill(victim["pid"], signal.SIGKILL), join_s=90)
+    n_acked = len(stream.acks)
     assert 10 <= n_acked < n_frames
-    assert [a["frame_id"] for a in acks] == [f"f{i}" for i in range(n_acked)]
+    assert stream.frame_ids() == [f"f{i}" for i in range(n_acked)]
     with MapperClient(url, token=TOKEN) as c:
-        while True:  # the map answers again (Ray restarted the worker; it recovered the map)
-            try:
-                m = c.get_map(mid)
-                break
-            except (ApiError, httpx.HTTPError):
-                assert time.monotonic() - killed < 60, "the map did not answer within 60 s of the kill"
-                time.sleep(0.5)
-        assert time.monotonic() - killed < 60
+        # the map answers again (Ray restarted the worker; it recovered the map)
+        answer_within(lambda: c.get_map(mid), killed, errors=(ApiError, httpx.HTTPError))
         now = owner(url, mid)
         assert now["worker"] == victim["worker"] and now["pid"] != victim["pid"]
-        recovered = m["last_seq"]
-        assert n_acked <= recovered <= n_acked + 5
-        assert m["frames_integrated"] == recovered
-        assert_same_tsdf(served_map(c, mid, tmp_path / "after.st"), reference(recovered))
-        assert c.send_lidar(mid, *scan(99))["seq"] == recovered + 1  # and it keeps ingesting
+        recovered, served = check_recovered(c, mid, n_acked, 4, tmp_path / "after.st")
+        assert_same_tsdf(served, reference(recovered))
         # the HTTP map: requests that found the worker down waited for its restart; every acked frame is in
         time.sleep(1.0)
         stop.set()
@@ -655,42 +607,19 @@ def test_sigkill_of_a_shard_worker_mid_stream_loses_nothing(cluster):
         m = c.create_map(name="shard-crash", shards=2, shard_block_m=8.0, **CONFIG)
     mid = m["id"]
     victim = owner(url, m["shards"][1]["map_id"])
-    acks: list[dict] = []
-    errors: list[BaseException] = []
-
-    def stream():
-        try:
-            with MapperClient(url, token=TOKEN) as c2, c2.stream(mid, window=2) as s:
-                for i in range(n_frames):
-                    acks.extend(s.send_lidar(*drive(i), frame_id=f"k{i}"))
-                acks.extend(s.flush())
-        except BaseException as e:
-            errors.append(e)
-
-    t = threading.Thread(target=stream)
-    t.start()
-    deadline = time.monotonic() + 120
-    while len(acks) < 4 and t.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    stream = StreamThread(url, mid, n_frames, frame=drive, window=2, token=TOKEN, prefix="k").start()
+    stream.wait_acks(4)
     os.kill(victim["pid"], signal.SIGKILL)
     killed = time.monotonic()
     with MapperClient(url, token=TOKEN) as c:
-        while True:  # the map answers again (Ray restarted the worker; it recovered the shard)
-            try:
-                c.get_map(mid)
-                break
-            except (ApiError, httpx.HTTPError):
-                assert time.monotonic() - killed < 60, "the map did not answer within 60 s of the kill"
-                time.sleep(0.5)
-        assert time.monotonic() - killed < 60
-        t.join(180)
-        assert not t.is_alive() and not errors, errors
-        assert [a["frame_id"] for a in acks] == [f"k{i}" for i in range(n_frames)]
+        # the map answers again (Ray restarted the worker; it recovered the shard)
+        answer_within(lambda: c.get_map(mid), killed, errors=(ApiError, httpx.HTTPError))
+        stream.join(180)
+        assert not stream.errors, stream.errors
+        assert stream.frame_ids() == [f"k{i}" for i in range(n_frames)]
         assert owner(url, m["shards"][1]["map_id"])["pid"] != victim["pid"]
         assert c.get_map(mid)["frames_integrated"] == n_frames
-        ref = Map(**CONFIG, device="cpu")
-        for i in range(n_frames):
-            ref.integrate_lidar(*drive(i))
+        ref = rebuilt(CONFIG, n_frames, drive)
         g, _ = ref.layer("tsdf")
         centres = ((g.ijk.double() + 0.5) * CONFIG["voxel_size_m"]).float().numpy()
         got, want = c.query_tsdf(mid, centres), ref.query_tsdf(torch.from_numpy(centres))

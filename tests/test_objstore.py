@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -15,7 +14,16 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from test_service_helpers import TOKEN, Server, frame_bytes, scan, wait_ready
+from crash_helpers import (
+    StreamThread,
+    answer_within,
+    assert_same_tsdf,
+    check_recovered,
+    rebuilt,
+    served_map,
+    wait_until,
+)
+from test_service_helpers import S3_TEST_ENV, TOKEN, Server, frame_bytes, scan, wait_ready
 
 from mapper import Map, cli, wire
 from mapper.client import MapperClient
@@ -28,22 +36,15 @@ from mapper.store_backends import open_store
 boto3 = pytest.importorskip("boto3", reason="the object-store backend needs boto3 (pip install 'mapper[s3]')")
 moto_server = pytest.importorskip("moto.server", reason="moto[server] runs the S3 API for these tests")
 
-CREDS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-
 
 @pytest.fixture(scope="module")
 def s3():
     """A moto S3 server on 127.0.0.1 (a free port) and test credentials in the environment (also for the
-    ``mapper serve`` subprocesses)."""
+    ``mapper serve`` subprocesses; the Ray map workers had them from the start of Ray, see conftest.py)."""
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     with pytest.MonkeyPatch.context() as mp:
-        for k, v in CREDS.items():
+        for k, v in S3_TEST_ENV.items():
             mp.setenv(k, v)
-        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
         server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         host, port = server.get_host_and_port()
@@ -242,10 +243,8 @@ def test_recovery_quarantines_a_bad_record_in_the_store(tmp_path, s3, bucket):
     ]
     notes = md.quarantined()
     assert len(notes) == 1 and notes[0]["seq"] == 2 and notes[0]["error"] == quarantined[0][1]
-    ref = Map(**config, device="cpu")
-    for i in range(3):
-        ref.integrate_lidar(*scan(i))
-    _tsdf_equal(m, ref)
+    ref = rebuilt(config, 3)
+    assert_same_tsdf(m, ref)
     c = boto3.client("s3", endpoint_url=s3)
     c.put_object(Bucket=bucket, Key="fleet/maps/.x/info.json", Body=b"{}")  # not a map id
     c.put_object(Bucket=bucket, Key="fleet/maps/half/snapshot-0000000000000000.json", Body=b"{}")  # no info
@@ -257,14 +256,6 @@ def _post_frame(c, mid: str, i: int) -> dict:
     r = c.post(f"/v1/maps/{mid}/frames", content=frame_bytes(i), headers={"content-type": wire.MSGPACK})
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def _tsdf_equal(a: Map, b: Map) -> None:
-    g1, la = a.layer("tsdf")
-    g2, lb = b.layer("tsdf")
-    assert torch.equal(g1.ijk, g2.ijk)
-    torch.testing.assert_close(la["weight"], lb["weight"], rtol=0, atol=1e-3)
-    torch.testing.assert_close(la["tsdf"], lb["tsdf"], rtol=0, atol=1e-3)
 
 
 def test_a_failed_put_on_s3_refuses_the_frame_and_reloads_the_map(tmp_path, s3, bucket):
@@ -311,8 +302,8 @@ def test_a_failed_put_on_s3_refuses_the_frame_and_reloads_the_map(tmp_path, s3, 
         ref = Map(**config, device="cpu")
         for i in (0, 1, 3, 4):  # frame 2 was refused: in neither
             ref.integrate_lidar(*scan(i))
-        _tsdf_equal(live, ref)
-        _tsdf_equal(replayed, ref)
+        assert_same_tsdf(live, ref)
+        assert_same_tsdf(replayed, ref)
 
 
 def test_service_on_s3_snapshot_wal_tail_import_export(tmp_path, s3, bucket, monkeypatch):
@@ -340,10 +331,8 @@ def test_service_on_s3_snapshot_wal_tail_import_export(tmp_path, s3, bucket, mon
         other = open_store(store_settings(tmp_path / "node2", s3, bucket))
         m, info, snap_, last, replayed = recover_map(other.map_dir(mid), "cpu")
         assert (snap_.seq, last, replayed, info["name"]) == (3, 5, 2, "yard")
-        ref = Map(**config, device="cpu")
-        for i in range(5):
-            ref.integrate_lidar(*scan(i))
-        _tsdf_equal(m, ref)
+        ref = rebuilt(config, 5)
+        assert_same_tsdf(m, ref)
 
         exported = c.get(f"/v1/maps/{mid}/export").content
         imp = c.post("/v1/maps/import?name=copy", content=exported)
@@ -367,7 +356,7 @@ def test_service_on_s3_snapshot_wal_tail_import_export(tmp_path, s3, bucket, mon
     assert exc.value.code == 0
     offline = Map.from_state_dict(*load_snapshot_file(out), device="cpu")
     assert offline.frames_integrated == 5
-    _tsdf_equal(offline, ref)
+    assert_same_tsdf(offline, ref)
 
     # a restart on a fresh local data dir serves both maps from the store
     app = create_app(store_settings(tmp_path, s3, bucket, data_dir=tmp_path / "fresh"))
@@ -385,7 +374,7 @@ def wire_tensors(data: bytes):
     return load_snapshot_bytes(data)
 
 
-N_FRAMES = 24
+N_FRAMES = 30
 WINDOW = 4
 
 
@@ -399,41 +388,25 @@ def test_sigkill_on_s3_loses_no_acknowledged_frame(tmp_path, s3, bucket):
         MAPPER_WARMUP="false",
     )
     server = Server(tmp_path / "a", tmp_path / "a.log", **env).start()
-    acks: list[dict] = []
     try:
         with MapperClient(server.url) as c:
             mid = c.create_map(name="crash", voxel_size_m=0.25, layers=["tsdf"], max_range_m=20.0)["id"]
             config = c.get_map(mid)["config"]
-        errors: list[BaseException] = []
 
-        def stream():
-            try:
-                with MapperClient(server.url) as c2, c2.stream(mid, window=WINDOW) as s:
-                    for i in range(N_FRAMES):
-                        acks.extend(s.send_lidar(*scan(i), timestamp=float(i), frame_id=f"f{i}"))
-                        if len(acks) >= 8:
-                            time.sleep(0.3)  # slower: snapshots land while it streams
-                    acks.extend(s.flush())
-            except BaseException as e:  # the kill cuts the stream
-                errors.append(e)
+        def published() -> bool:
+            return any(k.endswith(".json") for k in keys(s3, bucket, f"fleet/maps/{mid}/snap"))
 
-        t = threading.Thread(target=stream)
-        t.start()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and t.is_alive():  # 10 acks and a published snapshot
-            if len(acks) >= 10 and any(
-                k.endswith(".json") for k in keys(s3, bucket, f"fleet/maps/{mid}/snap")
-            ):
-                break
-            time.sleep(0.01)
-        server.kill()
-        t.join(60)
-        assert errors, "the stream should have been cut by the kill"
+        def hold(i: int) -> None:  # after 10 frames, until a snapshot of the stream is published
+            if i == 10:
+                wait_until(published, 90)
+
+        stream = StreamThread(server.url, mid, N_FRAMES, window=WINDOW, timestamps=True, before_send=hold)
+        stream.start().kill_after(14, server.kill)
     finally:
         server.stop()
-    n_acked = len(acks)
-    assert 10 <= n_acked < N_FRAMES
-    assert [a["seq"] for a in acks] == list(range(1, n_acked + 1))
+    n_acked = len(stream.acks)
+    assert 14 <= n_acked < N_FRAMES
+    assert [a["seq"] for a in stream.acks] == list(range(1, n_acked + 1))
     names = [k.rsplit("/", 1)[1] for k in keys(s3, bucket, f"fleet/maps/{mid}/")]
     snaps = [int(n[9:25]) for n in names if n.startswith("snapshot-") and n.endswith(".json")]
     assert snaps, names  # the kill left a published snapshot (taken while streaming)
@@ -441,22 +414,12 @@ def test_sigkill_on_s3_loses_no_acknowledged_frame(tmp_path, s3, bucket):
     assert all(first > max(snaps) for first in tail)  # the WAL it covers is deleted
 
     with Server(tmp_path / "b", tmp_path / "b.log", **env) as s2, MapperClient(s2.url) as c:
-        m = c.get_map(mid)
-        recovered = m["last_seq"]
-        assert n_acked <= recovered <= n_acked + WINDOW + 1
-        assert m["frames_integrated"] == recovered
+        recovered, served = check_recovered(c, mid, n_acked, WINDOW, tmp_path / "after.safetensors")
         # snapshot + WAL tail (empty only when a snapshot landed between the last PUT and the kill)
         assert tail or recovered == max(snaps)
-        c.export(mid, tmp_path / "after.safetensors")
-        assert c.send_lidar(mid, *scan(99))["seq"] == recovered + 1
-
-    tensors, meta = load_snapshot_file(tmp_path / "after.safetensors")
-    served = Map.from_state_dict(tensors, meta, device="cpu")
-    rebuilt = Map(**config, device="cpu")
-    for i in range(recovered):
-        rebuilt.integrate_lidar(*scan(i))
-    _tsdf_equal(served, rebuilt)
-    assert served.frames_integrated == rebuilt.frames_integrated == recovered
+    ref = rebuilt(config, recovered)
+    assert_same_tsdf(served, ref)
+    assert served.frames_integrated == ref.frames_integrated == recovered
 
 
 # ---------------------------------------------------------------------------- errors at the start
@@ -610,12 +573,12 @@ RAY_WATCHDOG_S = 420
 
 
 @pytest.mark.slow
-def test_ray_cluster_on_s3_adopts_moves_and_survives_sigkill(tmp_path, s3, bucket):
+@pytest.mark.ray  # on the session's local Ray (conftest.py: local_ray), beside tests/test_cluster_ray.py
+def test_ray_cluster_on_s3_adopts_moves_and_survives_sigkill(tmp_path, s3, bucket, local_ray):
     """``mapper serve --ray --store s3://...`` (the ingress app, 2 CPU workers as Ray actors on a local Ray):
     a map of a plain ``mapper serve --store`` (no owner) is adopted, a map moves by its owner object, and a
     worker killed with SIGKILL comes back with every acknowledged frame (from the store). Bounded by a
     watchdog."""
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'mapper[ray]')")
     import faulthandler
     import signal
 
@@ -634,15 +597,6 @@ def test_ray_cluster_on_s3_adopts_moves_and_survives_sigkill(tmp_path, s3, bucke
         return s3c.get_object(Bucket=bucket, Key=f"fleet/maps/{map_id}/owner")["Body"].read()
 
     faulthandler.dump_traceback_later(RAY_WATCHDOG_S, exit=True)  # never hang CI
-    assert not ray.is_initialized(), "another test left Ray running (its mapper-w<i> actors would be reused)"
-    ray.init(
-        num_cpus=2,
-        object_store_memory=200 << 20,
-        include_dashboard=False,
-        namespace="mapper-s3-test",
-        log_to_driver=False,
-        configure_logging=False,
-    )
     settings = store_settings(
         tmp_path, s3, bucket, data_dir=tmp_path / "root", api_tokens=[TOKEN], query_threads=1, malloc_trim_s=0
     )
@@ -670,27 +624,12 @@ def test_ray_cluster_on_s3_adopts_moves_and_survives_sigkill(tmp_path, s3, bucke
 
             victim = next(w for w in workers if w["worker"] == other)
             os.kill(victim["pid"], signal.SIGKILL)
-            killed = time.monotonic()
-            while True:  # Ray restarts the worker; it recovers the maps it owns from the store
-                try:
-                    m = c.get_map(mid)
-                    break
-                except Exception:
-                    assert time.monotonic() - killed < 60, "the map did not answer within 60 s of the kill"
-                    time.sleep(0.5)
+            # Ray restarts the worker; it recovers the maps it owns from the store
+            m = answer_within(lambda: c.get_map(mid), time.monotonic())
             assert m["last_seq"] == m["frames_integrated"] == 6
-            served = served_from(c, mid, tmp_path / "after.safetensors")
-            ref = Map(**config, device="cpu")
-            for i in range(6):
-                ref.integrate_lidar(*scan(i))
-            _tsdf_equal(served, ref)
+            served = served_map(c, mid, tmp_path / "after.safetensors")
+            ref = rebuilt(config, 6)
+            assert_same_tsdf(served, ref)
             assert c.send_lidar(mid, *scan(6))["seq"] == 7
     finally:
-        ray.shutdown()
         faulthandler.cancel_dump_traceback_later()
-
-
-def served_from(c: MapperClient, map_id: str, path: Path) -> Map:
-    c.export(map_id, path)
-    tensors, meta = load_snapshot_file(path)
-    return Map.from_state_dict(tensors, meta, device="cpu")

@@ -22,6 +22,14 @@ from mapper.settings import Settings
 TOKEN = "test-token-123"
 READ_TOKEN = "read-only-456"
 MSGPACK_HEADERS = {"content-type": wire.MSGPACK, "accept": wire.MSGPACK}
+# moto's test credentials for the S3 store (tests/test_objstore.py); also in the environment Ray starts with
+# (conftest.py: local_ray), which is the environment of every map worker it starts later
+S3_TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 def scan(i: int = 0, n: int = 3000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

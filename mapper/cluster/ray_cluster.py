@@ -41,16 +41,29 @@ def connect_ray(address: str | None = None, num_cpus: int | None = None) -> bool
         ray.init(address=address, **kw)
     else:
         try:
-            ray.init(
-                num_cpus=num_cpus,
-                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-                include_dashboard=False,
-                **kw,
-            )
+            start_local_ray(num_cpus)
         except ValueError:  # a cluster of `ray start` on this machine was found: join it as it is
             log.info("joining the Ray cluster already running on this machine")
             ray.init(**kw)
     return True
+
+
+def start_local_ray(num_cpus: int | None = None, namespace: str = NAMESPACE) -> None:
+    """Start a small local Ray in this process: ``num_cpus`` CPUs (None: the machine's), no dashboard, a
+    200 MiB object store (the maps never pass through it), Ray's logs not forwarded to this process. The
+    map workers' actors live in the ``mapper`` namespace whatever ``namespace`` (the job's) is.
+
+    Raises:
+        ValueError: (Ray's) a cluster of ``ray start`` runs on this machine (``connect_ray`` then joins it).
+    """
+    require_ray().init(
+        num_cpus=num_cpus,
+        object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+        include_dashboard=False,
+        namespace=namespace,
+        log_to_driver=False,
+        configure_logging=False,
+    )
 
 
 @dataclass
