@@ -7,6 +7,7 @@ key range's edge, a hash table that overflows (the retry), and the frame's host 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -87,6 +88,13 @@ def brute_bricks(depth: torch.Tensor, K: np.ndarray, T: torch.Tensor, tau: float
     return out
 
 
+def triton_device(device) -> None:
+    """Skip unless Triton runs on ``device`` (CUDA, or the CPU interpreter)."""
+    pytest.importorskip("triton")
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1")
+
+
 def as_set(b: torch.Tensor) -> set:
     return {tuple(x) for x in b.tolist()}
 
@@ -96,15 +104,17 @@ def check_sorted_unique(b: torch.Tensor) -> None:
     assert keys == sorted(set(keys))
 
 
-def test_depth_grow_triton_equals_reference_and_brute_force(backend):
+def test_depth_grow_triton_equals_reference_and_brute_force(backend, device):
     """Random pose and depths with every kind of invalid pixel: the dispatch (Triton under ``backend=triton``)
-    equals the torch reference exactly and the brute-force oracle as a set."""
+    equals the torch reference (on the CPU) exactly and the brute-force oracle as a set."""
     cfg = TsdfConfig(0.05)
     K = torch.from_numpy(K_NP)
     for seed in (1, 2):
         T = pose(rotation(seed), (0.3, -1.2, 0.7))
         depth = bad_depth(seed)
-        got = depth_band_bricks(depth, K, T, cfg, 10.0)
+        got = depth_band_bricks(depth.to(device), K.to(device), T.to(device), cfg, 10.0)
+        assert got.device.type == device.type
+        got = got.cpu()
         ref = depth_band_bricks_torch(depth, K, T, cfg.tau, 4 * cfg.voxel_size_m, 10.0)
         assert got.dtype == torch.int64 and got.shape[1] == 3 and got.shape[0] > 20
         assert torch.equal(got, ref)
@@ -112,7 +122,7 @@ def test_depth_grow_triton_equals_reference_and_brute_force(backend):
         assert as_set(got) == brute_bricks(depth, K_NP, T, cfg.tau, 4 * cfg.voxel_size_m, 10.0)
 
 
-def test_depth_grow_triton_axis_poses_and_key_limit(backend):
+def test_depth_grow_triton_axis_poses_and_key_limit(backend, device):
     """Cameras looking along +-x, +-y, +-z (rays exactly on brick planes where the pixel is the principal
     point; exact DDA ties) and a camera at the edge of the key range (bricks beyond it are dropped)."""
     cfg = TsdfConfig(0.02)
@@ -124,14 +134,14 @@ def test_depth_grow_triton_axis_poses_and_key_limit(backend):
     looks = [eye, eye[[1, 2, 0]].T, eye[[2, 0, 1]].T, np.diag([1.0, -1.0, -1.0]), np.diag([-1.0, 1.0, -1.0])]
     for R in looks:
         T = pose(R, (0.0, 0.16, -0.08))
-        got = depth_band_bricks(depth, K, T, cfg, 10.0)
+        got = depth_band_bricks(depth.to(device), K.to(device), T.to(device), cfg, 10.0).cpu()
         ref = depth_band_bricks_torch(depth, K, T, cfg.tau, cell, 10.0)
         assert torch.equal(got, ref), R
         check_sorted_unique(got)
     # at the key range's edge: looking along +x from 0.3 brick inside the last valid brick layer
     edge = (BRICK_HI - 0.7) * cell
     T = pose(eye[:, [1, 2, 0]], (edge - 1.0, 0.0, 0.0))  # optical axis +x: bands reach edge + tau
-    got = depth_band_bricks(depth, K, T, cfg, 10.0)
+    got = depth_band_bricks(depth.to(device), K.to(device), T.to(device), cfg, 10.0).cpu()
     ref = depth_band_bricks_torch(depth, K, T, cfg.tau, cell, 10.0)
     assert torch.equal(got, ref)
     assert got.shape[0] > 0 and int(got[:, 0].max()) == BRICK_HI - 1  # clipped, not wrapped
@@ -140,19 +150,19 @@ def test_depth_grow_triton_axis_poses_and_key_limit(backend):
     assert as_set(got) <= brute and len(brute - as_set(got)) < 0.05 * len(brute)
 
 
-def test_depth_grow_triton_no_valid_pixel(backend):
+def test_depth_grow_triton_no_valid_pixel(backend, device):
     cfg = TsdfConfig(0.05)
-    K = torch.from_numpy(K_NP)
-    T = pose(np.eye(3), (0.0, 0.0, 0.0))
+    K = torch.from_numpy(K_NP).to(device)
+    T = pose(np.eye(3), (0.0, 0.0, 0.0)).to(device)
     for fill in (0.0, math.nan, -2.0, 50.0):
-        got = depth_band_bricks(torch.full((H, W), fill), K, T, cfg, 10.0)
+        got = depth_band_bricks(torch.full((H, W), fill, device=device), K, T, cfg, 10.0)
         assert got.shape == (0, 3) and got.dtype == torch.int64
 
 
-def test_depth_grow_triton_table_overflow_retries(monkeypatch):
+def test_depth_grow_triton_table_overflow_retries(monkeypatch, device):
     """A table too small for the frame's bricks (probes run out): the kernel reports it and the frame is
     redone in a table that every key fits; the result is the reference's."""
-    pytest.importorskip("triton")
+    triton_device(device)
     from mapper.kernels import triton_depth
 
     monkeypatch.setattr(triton_depth, "table_size", lambda n: 16)
@@ -170,7 +180,10 @@ def test_depth_grow_triton_table_overflow_retries(monkeypatch):
     K = torch.from_numpy(K_NP)
     T = pose(rotation(3), (0.1, 0.2, 0.3))
     depth = bad_depth(3)
-    got = triton_depth.depth_band_bricks_triton(depth, K, T, cfg.tau, 0.2, 10.0)
+    got = triton_depth.depth_band_bricks_triton(
+        depth.to(device), K.to(device), T.to(device), cfg.tau, 0.2, 10.0
+    )
+    got = got.cpu()
     ref = depth_band_bricks_torch(depth, K, T, cfg.tau, 0.2, 10.0)
     assert ref.shape[0] > 16
     assert torch.equal(got, ref)
@@ -179,11 +192,9 @@ def test_depth_grow_triton_table_overflow_retries(monkeypatch):
 
 def test_depth_grow_triton_reads_one_size(device):
     """The grow stage on the Triton path makes one host read (the hash set's counts)."""
-    pytest.importorskip("triton")
+    triton_device(device)
     from mapper.kernels.triton_depth import depth_band_bricks_triton
 
-    if device.type == "cpu" and __import__("os").environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1")
     K = torch.from_numpy(K_NP).to(device)
     T = pose(rotation(4), (0.0, 0.0, 0.0)).to(device)
     depth = bad_depth(4).to(device)
