@@ -269,7 +269,7 @@ class Map(MapReads):
         d = depth.reshape(-1)
         # counted on the device and read once the frame's work is queued (no host sync before integration;
         # a frame without a valid pixel integrates nothing: the integrators find no bricks)
-        used_t = (torch.isfinite(d) & (d > 0) & (d <= self.max_range_m)).sum()
+        used_t = ((d > 0) & (d <= self.max_range_m)).sum()  # NaN and +-inf fail one of the two
         self._begin()
         self._integrate(DepthFrame(depth, Kt, T, col, self.max_range_m))
         cleared = self._keep_radius(T[:3, 3])

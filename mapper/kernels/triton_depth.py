@@ -60,7 +60,7 @@ def _band_insert_kernel(
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     d32 = tl.load(depth_ptr + i, mask=m, other=0.0)
-    ok = m & (d32 == d32) & (tl.abs(d32) != float("inf")) & (d32 > 0) & (d32 <= max_range)
+    ok = m & (d32 > 0) & (d32 <= max_range)  # NaN and +-inf fail one of the two (isfinite & > 0 & <= max)
     tau = tl.load(prm_ptr)
     cell = tl.load(prm_ptr + 1)
     fx = tl.load(k_ptr + 0)
@@ -98,7 +98,7 @@ def _band_insert_kernel(
         key = (bx << (2 * KBITS)) | (by << KBITS) | bz
         h = ((bx * 73856093) ^ (by * 19349663) ^ (bz * 83492791)) & hmask
         todo = ok & valid & inr
-        p = 0
+        p = max_probes * 0  # a runtime int32 (a loop-carried constexpr 0 would not type-check)
         while (tl.max(todo.to(tl.int32), axis=0) > 0) & (p < max_probes):
             cur = tl.load(table_ptr + h, mask=todo, other=-2)
             hit = todo & (cur == key)
