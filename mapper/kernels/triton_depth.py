@@ -162,8 +162,8 @@ def _insert(depth, K, T, prm, n, w, max_range_m, size, probes, steps):
         S=steps, BLOCK=_BLOCK, KBITS=VOXEL_KEY_BITS, KBIAS=VOXEL_KEY_BIAS, BLO=BRICK_LO, BHI=BRICK_HI,
         enable_fp_fusion=False,
     )  # fmt: skip
-    count, lost = (buf[size : size + 2] + 1).tolist()  # sync: the frame's one size read in this stage
-    return buf, count, lost
+    count, lost = buf[size : size + 2].tolist()  # sync: the frame's one size read in this stage
+    return buf, count + 1, lost + 1  # the counts start at -1 (the buffer's fill)
 
 
 def depth_band_bricks_triton(depth, K, T, tau: float, cell: float, max_range_m: float) -> torch.Tensor:
