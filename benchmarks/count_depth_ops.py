@@ -5,7 +5,7 @@ left out) and Triton launches, per stage, and the host reads, for the grow stage
 
 Runs on a machine without a GPU: ``MAPPER_KERNELS=triton`` with ``TRITON_INTERPRET=1`` sends the frame down
 the Triton path (each launch counted once; the interpreter's own tensor copies are not counted), on a
-80x60 frame (one row chunk, as on CUDA; the counts do not depend on the image size).
+40x30 frame (one row chunk, as on CUDA; the counts do not depend on the image size).
 
 Usage: TRITON_INTERPRET=1 MAPPER_KERNELS=triton python benchmarks/count_depth_ops.py --out r.md
 """
@@ -89,12 +89,12 @@ def summary(ops: Counter, launches: Counter) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--voxel", type=float, default=0.02)
+    ap.add_argument("--voxel", type=float, default=0.05)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") != "1" or os.environ.get("MAPPER_KERNELS") != "triton":
         sys.exit("set TRITON_INTERPRET=1 MAPPER_KERNELS=triton (the GPU path on the CPU)")
-    cam = sim.PinholeCamera(80, 60, 65.0, 65.0, 40.0, 30.0)
+    cam = sim.PinholeCamera(40, 30, 33.0, 33.0, 20.0, 15.0)
     frames = list(sim.depth_sequence(3, cam, max_range_m=8.0))
     cfg = tsdf.TsdfConfig(args.voxel)
     rows = []
@@ -117,7 +117,7 @@ def main() -> None:
             f"- date: {_dt.datetime.now(_dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
             f"- hardware: {platform.machine()} CPU (no GPU: Triton interpreter); torch {torch.__version__}",
             "- command: `TRITON_INTERPRET=1 MAPPER_KERNELS=triton python benchmarks/count_depth_ops.py"
-            f" --voxel {args.voxel}` (80x60 frame of sim.depth_sequence, frame 1 after frame 0)",
+            f" --voxel {args.voxel}` (40x30 frame of sim.depth_sequence, frame 1 after frame 0)",
             "- columns: aten ops that launch work (views/allocations excluded) | Triton launches | host reads"
             " among them (`_local_scalar_dense`, `nonzero`, ...) | most frequent ops | Triton kernels",
             "",
