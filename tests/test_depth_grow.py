@@ -214,7 +214,7 @@ def test_depth_grow_triton_reads_one_size(device):
 def test_integrate_depth_points_used_without_early_read(device):
     """``points_used``/``points_dropped`` count the valid pixels (finite, > 0, <= max range); a frame with
     none integrates nothing and reports them all dropped."""
-    m = Map(0.05, layers=("tsdf",), device=device, max_range_m=10.0)
+    m = Map(0.05, layers=("tsdf",), device=device, max_range_m=10.0, warmup=False)
     depth = bad_depth(5)
     d = depth.numpy()
     n_ok = int((np.isfinite(d) & (d > 0) & (d <= 10.0)).sum())

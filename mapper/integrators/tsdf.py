@@ -183,8 +183,8 @@ def depth_band_bricks(
     truncation bands: on CUDA one Triton kernel (``triton_depth.depth_band_bricks_triton``: rays, brick
     DDA and a device hash set; one host read), else :func:`depth_band_bricks_torch` (its reference, the
     CPU path); same result. ``MAPPER_DEPTH_GROW=keyed`` selects the previous CUDA path
-    (:func:`depth_band_bricks_keyed`, for A/B benchmarks)."""
-    if depth.device.type == "cuda" and os.environ.get("MAPPER_DEPTH_GROW") == "keyed":
+    (:func:`depth_band_bricks_keyed`, on any device: for A/B benchmarks and op counts)."""
+    if os.environ.get("MAPPER_DEPTH_GROW") == "keyed":
         return depth_band_bricks_keyed(depth, K, T, cfg, max_range_m)
     impl = kernel(depth.device, depth_band_bricks_torch, "triton_depth:depth_band_bricks_triton")
     return impl(depth, K, T, cfg.tau, 4 * cfg.voxel_size_m, max_range_m)
