@@ -45,11 +45,14 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--label", default="run")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    data = {"lidar": _lidar(args.frames), "depth": _depth(args.frames)}
+    kinds = {CASES[c][1] for c in args.cases}
+    data = {k: (_lidar if k == "lidar" else _depth)(args.frames) for k in kinds}
     out = {"label": args.label, "tree": mapper.__file__, "torch": torch.__version__}
-    for case, (make, kind) in CASES.items():
+    for case in args.cases:
+        make, kind = CASES[case]
         m = make()
         ts = []
         for i, f in enumerate(data[kind]):

@@ -267,14 +267,15 @@ class Map(MapReads):
         if color is not None:
             col = check_color("color", color, tuple(depth.shape), self.device)
         d = depth.reshape(-1)
-        ok = torch.isfinite(d) & (d > 0) & (d <= self.max_range_m)
-        used = int(ok.sum())
+        # counted on the device and read once the frame's work is queued (no host sync before integration;
+        # a frame without a valid pixel integrates nothing: the integrators find no bricks)
+        used_t = ((d > 0) & (d <= self.max_range_m)).sum()  # NaN and +-inf fail one of the two
         self._begin()
-        if used:
-            self._integrate(DepthFrame(depth, Kt, T, col, self.max_range_m))
+        self._integrate(DepthFrame(depth, Kt, T, col, self.max_range_m))
         cleared = self._keep_radius(T[:3, 3])
         self._keep_shard()
         self._end(T)
+        used = int(used_t)
         out = {"points_used": used, "points_dropped": int(d.numel() - used)}
         if cleared is not None:
             out["bricks_cleared"] = cleared

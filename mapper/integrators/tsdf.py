@@ -19,6 +19,7 @@ capped at ``max_weight``; values in metres, truncated to ``+-tau``, positive in 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -150,9 +151,12 @@ def _pixel_dirs(idx: torch.Tensor, w: int, K: torch.Tensor, T: torch.Tensor):
     v = (idx // w).to(torch.float64)
     x = (u - K[0, 2]) / K[0, 0]
     y = (v - K[1, 2]) / K[1, 1]
-    ray = torch.stack((x, y, torch.ones_like(x)), dim=1)
-    n = torch.linalg.vector_norm(ray, dim=1)
-    return (ray / n[:, None]) @ T[:3, :3].T, n
+    n = torch.sqrt(x * x + y * y + 1.0)
+    # the rotation written out (no matmul): the same float64 operations in the same order as the grow
+    # kernel (mapper.kernels.triton_depth), so both find the same bricks bit for bit
+    R = T[:3, :3]
+    ux, uy, uz = (x / n)[:, None], (y / n)[:, None], (1.0 / n)[:, None]
+    return ux * R[:, 0] + uy * R[:, 1] + uz * R[:, 2], n
 
 
 def pixel_rays(depth: torch.Tensor, K: torch.Tensor, T: torch.Tensor, max_range_m: float):
@@ -170,10 +174,33 @@ def depth_band_bricks(
     depth: torch.Tensor, K: torch.Tensor, T: torch.Tensor, cfg: TsdfConfig, max_range_m: float
 ):
     """Unique bricks (int64 ``[B, 3]``, brick coordinates, sorted by key) crossed by the valid pixels'
-    truncation bands: :func:`depth_band_bricks_keyed` on CUDA (few host syncs), else
-    :func:`depth_band_bricks_compact` (less work: the CPU path); same result."""
-    impl = depth_band_bricks_keyed if depth.device.type == "cuda" else depth_band_bricks_compact
-    return impl(depth, K, T, cfg, max_range_m)
+    truncation bands: on CUDA one Triton kernel (``triton_depth.depth_band_bricks_triton``: rays, brick
+    DDA and a device hash set; one host read), else :func:`depth_band_bricks_torch` (its reference, the
+    CPU path); same result. ``MAPPER_DEPTH_GROW=keyed`` selects the previous CUDA path
+    (:func:`depth_band_bricks_keyed`, on any device: for A/B benchmarks and op counts)."""
+    if os.environ.get("MAPPER_DEPTH_GROW") == "keyed":
+        return depth_band_bricks_keyed(depth, K, T, cfg, max_range_m)
+    impl = kernel(depth.device, depth_band_bricks_torch, "triton_depth:depth_band_bricks_triton")
+    return impl(depth, K, T, cfg.tau, 4 * cfg.voxel_size_m, max_range_m)
+
+
+def depth_band_bricks_torch(depth, K, T, tau: float, cell: float, max_range_m: float) -> torch.Tensor:
+    """The reference of ``triton_depth.depth_band_bricks_triton`` (same arguments): the bricks (cells of
+    size ``cell`` = 4 voxels) crossed by each valid pixel's ``[r - tau, r + tau]``, by compaction (the valid
+    pixels, the crossed cells, ``unique_voxels``)."""
+    _, origin, dirs, rng = pixel_rays(depth, K, T, max_range_m)
+    steps = max_dda_steps(2 * tau, cell)
+    parts = []
+    for sl in chunked_rays(rng.numel(), depth.device, rows=1 << 15):
+        r = rng[sl]
+        o = origin.expand(r.numel(), 3)
+        cells, _, valid = dda(o, dirs[sl], (r - tau).clamp(min=0.0), r + tau, cell, steps)
+        parts.append(cells[valid])
+    if not parts:
+        return torch.zeros((0, 3), dtype=torch.int64, device=depth.device)
+    bricks = torch.cat(parts)
+    bricks = bricks[in_key_range(bricks << 2)]
+    return unique_voxels(bricks)
 
 
 def depth_band_bricks_keyed(depth, K, T, cfg: TsdfConfig, max_range_m: float):
@@ -202,22 +229,9 @@ def depth_band_bricks_keyed(depth, K, T, cfg: TsdfConfig, max_range_m: float):
 
 
 def depth_band_bricks_compact(depth, K, T, cfg: TsdfConfig, max_range_m: float):
-    """:func:`depth_band_bricks` by compaction: the valid pixels, then the crossed cells, then
-    ``unique_voxels`` (five host syncs on CUDA; on the CPU less work than walking every pixel)."""
-    _, origin, dirs, rng = pixel_rays(depth, K, T, max_range_m)
-    bs = 4 * cfg.voxel_size_m
-    steps = max_dda_steps(2 * cfg.tau, bs)
-    parts = []
-    for sl in chunked_rays(rng.numel(), depth.device, rows=1 << 15):
-        r = rng[sl]
-        o = origin.expand(r.numel(), 3)
-        cells, _, valid = dda(o, dirs[sl], (r - cfg.tau).clamp(min=0.0), r + cfg.tau, bs, steps)
-        parts.append(cells[valid])
-    if not parts:
-        return torch.zeros((0, 3), dtype=torch.int64, device=depth.device)
-    bricks = torch.cat(parts)
-    bricks = bricks[in_key_range(bricks << 2)]
-    return unique_voxels(bricks)
+    """:func:`depth_band_bricks` by compaction (:func:`depth_band_bricks_torch` with ``cfg``'s tau and
+    brick size; five host syncs on CUDA, on the CPU less work than walking every pixel)."""
+    return depth_band_bricks_torch(depth, K, T, cfg.tau, 4 * cfg.voxel_size_m, max_range_m)
 
 
 # -------------------------------------------------------------------------------------------- update

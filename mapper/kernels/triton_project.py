@@ -9,6 +9,8 @@ through the pool's page tables. The bricks are unique, so each voxel is written 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -25,17 +27,18 @@ def _round_half_even(x):
 
 @triton.jit(do_not_specialize=["nb", "n_pages"])  # sizes vary per frame: no recompiles
 def _project_kernel(
-    bricks_ptr, slots_ptr, nb, depth_ptr, color_ptr, H, W, prm_ptr, obs_w, max_w,
+    bricks_ptr, slots_ptr, nb, depth_ptr, color_ptr, H, W, k_ptr, t_ptr, prm_ptr, obs_w, max_w,
     starts_ptr, n_pages, tsdf_ptrs, weight_ptrs, color_ptrs, cw_ptrs, count_ptr,
     HAS_COLOR: tl.constexpr, N_ITER: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    # float64 parameters from memory (a Python float kernel argument would be float32)
-    fx, fy, cx, cy = tl.load(prm_ptr + 0), tl.load(prm_ptr + 1), tl.load(prm_ptr + 2), tl.load(prm_ptr + 3)
-    r00, r01, r02 = tl.load(prm_ptr + 4), tl.load(prm_ptr + 5), tl.load(prm_ptr + 6)
-    r10, r11, r12 = tl.load(prm_ptr + 7), tl.load(prm_ptr + 8), tl.load(prm_ptr + 9)
-    r20, r21, r22 = tl.load(prm_ptr + 10), tl.load(prm_ptr + 11), tl.load(prm_ptr + 12)
-    tx, ty, tz = tl.load(prm_ptr + 13), tl.load(prm_ptr + 14), tl.load(prm_ptr + 15)
-    s, tau, max_range = tl.load(prm_ptr + 16), tl.load(prm_ptr + 17), tl.load(prm_ptr + 18)
+    # float64 parameters from memory (a Python float kernel argument would be float32): K [3, 3] and
+    # T [4, 4] as the frame holds them (row-major), voxel size / tau / max range kept on the device
+    fx, fy, cx, cy = tl.load(k_ptr + 0), tl.load(k_ptr + 4), tl.load(k_ptr + 2), tl.load(k_ptr + 5)
+    r00, r01, r02 = tl.load(t_ptr + 0), tl.load(t_ptr + 1), tl.load(t_ptr + 2)
+    r10, r11, r12 = tl.load(t_ptr + 4), tl.load(t_ptr + 5), tl.load(t_ptr + 6)
+    r20, r21, r22 = tl.load(t_ptr + 8), tl.load(t_ptr + 9), tl.load(t_ptr + 10)
+    tx, ty, tz = tl.load(t_ptr + 3), tl.load(t_ptr + 7), tl.load(t_ptr + 11)
+    s, tau, max_range = tl.load(prm_ptr + 0), tl.load(prm_ptr + 1), tl.load(prm_ptr + 2)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < nb * 64
     b = i // 64
@@ -86,6 +89,12 @@ def _project_kernel(
     tl.atomic_add(count_ptr, tl.sum(upd.to(tl.int64), axis=0))
 
 
+@functools.cache
+def _scalars(s: float, tau: float, max_range: float, device: torch.device) -> torch.Tensor:
+    """float64 ``[3]`` (voxel size, tau, max range) on ``device``, made once per map configuration."""
+    return torch.tensor([s, tau, max_range], dtype=torch.float64).to(device)
+
+
 def project_update_launch(pool, bricks, slots, depth, K, T, color, tau, s, max_range, obs_w, max_w):
     """Launch the kernel over the ``[B]`` bricks (int64 ``[B, 3]``) and their slots; returns the number of
     voxels updated as a 0-dim device tensor (no host sync unless the caller reads it)."""
@@ -95,15 +104,10 @@ def project_update_launch(pool, bricks, slots, depth, K, T, color, tau, s, max_r
     if nb == 0:
         return 0
     h, w = depth.shape
-    # parameters assembled on the device (K and T stay where they are: no device-to-host copy)
-    k = K.detach().to(dev, torch.float64)
-    tt = T.detach().to(dev, torch.float64)
-    tail = torch.tensor([float(s), float(tau), float(max_range)], dtype=torch.float64).to(
-        dev, non_blocking=True
-    )
-    prm_t = torch.cat(
-        (torch.stack((k[0, 0], k[1, 1], k[0, 2], k[1, 2])), tt[:3, :3].reshape(-1), tt[:3, 3], tail)
-    )
+    # K and T read where they are (no copy, no assembly: each op a launch); the scalars kept on the device
+    k = K.detach().to(dev, torch.float64).contiguous()
+    tt = T.detach().to(dev, torch.float64).contiguous()
+    prm_t = _scalars(float(s), float(tau), float(max_range), dev)
     has_color = color is not None and "color" in pool.fields
     for name in ("tsdf", "weight", *(("color", "color_weight") if has_color else ())):
         pool.prepare_write(name, slots)  # copy-on-write of pages a published read view holds
@@ -114,7 +118,7 @@ def project_update_launch(pool, bricks, slots, depth, K, T, color, tau, s, max_r
     cpt, cwpt = (pt("color"), pt("color_weight")) if has_color else (pt("tsdf"), pt("tsdf"))
     _project_kernel[(triton.cdiv(nb * 64, block),)](
         bricks.to(torch.int64).contiguous(), slots.to(torch.int64).contiguous(), nb,
-        depth.contiguous(), col, h, w, prm_t, float(obs_w), float(max_w),
+        depth.contiguous(), col, h, w, k, tt, prm_t, float(obs_w), float(max_w),
         pool.page_start_table(), n_pages, pt("tsdf"), pt("weight"), cpt, cwpt,
         count, HAS_COLOR=has_color, N_ITER=n_iter_frame(n_pages), BLOCK=block,
     )  # fmt: skip
