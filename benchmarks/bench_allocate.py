@@ -191,8 +191,11 @@ def main(argv=None):
     layers = {"this branch": BrickLayer(fields, dev), "previous": BrickLayer(fields, dev)}
     calls = {"this branch": lambda lay, b: lay.allocate(b), "previous": previous_allocate}
     kinds = ("new leaves", "nothing new")
+    # CUDA: wall time to the device finishing; CPU: process CPU time (the machine may be shared)
+    clock = time.perf_counter if cuda else time.process_time
     times: dict[str, dict[str, list[float]]] = {k: {c: [] for c in kinds} for k in layers}
     counts: dict[str, dict[str, str]] = {k: {} for k in layers}
+    growth: dict[str, list[float]] = {k: [] for k in layers}  # calls that added pool pages (ms)
     counted = {args.frames - 4: "new leaves", args.frames - 3: "nothing new"}  # f even: advancing window
     for f, b in enumerate(frames):
         kind = "new leaves" if f % 2 == 0 else "nothing new"
@@ -210,12 +213,16 @@ def main(argv=None):
                 continue
             if cuda:
                 torch.cuda.synchronize()
-            t = time.perf_counter()
+            pages = len(lay.pool.page_starts)
+            t = clock()
             out = call()
             if cuda:
                 torch.cuda.synchronize()
             if f >= 3:
-                times[name][kind].append((time.perf_counter() - t) * 1e3)
+                ms = (clock() - t) * 1e3
+                times[name][kind].append(ms)
+                if len(lay.pool.page_starts) > pages:  # this call added pool pages
+                    growth[name].append(ms)
             del out
     a, p = layers["this branch"], layers["previous"]
     cmd = sys.argv[1:] if argv is None else argv
@@ -227,7 +234,8 @@ def main(argv=None):
         f"# bench_allocate ({dev.type})",
         "",
         f"- date: {_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M} UTC",
-        f"- hardware: {torch.cuda.get_device_name(dev) if cuda else 'CPU'}",
+        f"- hardware: {torch.cuda.get_device_name(dev) if cuda else 'CPU'}; timer:"
+        f" {'wall, to the device finishing' if cuda else 'process CPU time'}",
         f"- software: python {sys.version.split()[0]}, torch {torch.__version__}",
         f"- command: `python benchmarks/bench_allocate.py {' '.join(cmd)}`",
         f"- {args.frames} frames of <= {args.bricks} bricks (even frames: an advancing window, new leaves;"
@@ -242,6 +250,15 @@ def main(argv=None):
     for name in layers:
         for kind in kinds:
             lines.append(f"| {name} | {kind} | {_stats(times[name][kind])} | {counts[name].get(kind, '-')} |")
+    lines += [
+        "",
+        "Calls that added pool pages (a page is allocated, nothing is copied; included above):",
+        "",
+        *(
+            f"- {name}: {len(growth[name])} calls, ms: {', '.join(f'{x:.3f}' for x in growth[name])}"
+            for name in layers
+        ),
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -211,9 +211,10 @@ def write_bricks_torch(
         j = missing.to(torch.uint8).argmax().reshape(1)
         fm = torch.where(missing, flat, flat.index_select(0, j))
         slots.view(-1)[fm] = torch.where(missing, slot, slot.index_select(0, j)).to(torch.int32)
-        # the mask rows of the leaves that got a brick, from their slot rows (duplicates write one value)
-        lm = torch.where(missing, leaf, leaf.index_select(0, j))
-        masks[lm] = brick_masks(slots[lm] >= 0)
+        # the brick's 4x4 pattern into its 4 mask words: the bits of a missing brick are clear and the
+        # patterns of the bricks of one word are disjoint, so adding them is OR-ing them
+        pat = torch.where(missing, word_patterns(in_old.device)[b & 3], 0)
+        masks.view(-1, 4).index_add_(0, leaf * 2 + (b >> 2), pat[:, None].expand(m, 4))
     # the same for the versions; with no kept row at all, row j writes its cell's own value back
     j = kept.to(torch.uint8).argmax().reshape(1)
     fj = flat.index_select(0, j)
