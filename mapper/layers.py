@@ -361,9 +361,9 @@ class BrickLayer:
         if m == 0:
             return z, z
         old = self.grid.leaves
-        in_old, cur, sortkey, flags = alloc.alloc_lookup(brick_ijk, keep, old.keys, self.slots)
+        in_old, cur, sortkey, b, missing, kept = alloc.alloc_lookup(brick_ijk, keep, old.keys, self.slots)
         sk, order = torch.sort(sortkey)
-        sizes, new_keys, leaf_rank, brick_rank, kept_rank, rows = alloc.alloc_ranks(sk, order, flags)
+        sizes, new_keys, leaf_rank, brick_rank, rows = alloc.alloc_ranks(sk, order, missing, kept)
         n_leaves, n_bricks, n_kept = sizes.tolist()  # the one host sync of the allocation
         if n_kept == 0:
             return z, z
@@ -381,8 +381,8 @@ class BrickLayer:
         self._topology_shared = False
         fresh = self.pool.alloc(n_bricks) if n_bricks else z
         self.version += 1
-        out = alloc.write_bricks(
-            in_old, pos_old, pos_new, leaf_rank, flags, cur, fresh, brick_rank, kept_rank, self.version,
+        slot = alloc.write_bricks(
+            in_old, pos_old, pos_new, leaf_rank, b, missing, kept, cur, fresh, brick_rank, self.version,
             (slots, bver, masks),
         )  # fmt: skip
         if n_bricks:
@@ -390,8 +390,9 @@ class BrickLayer:
             self.grid = IndexGrid(make_leaves(keys, masks), tiles)
         self.slots, self.brick_versions = slots, bver
         if n_kept == m:
-            return rows, out
-        return rows[:n_kept], out[:n_kept]
+            return rows, slot
+        rows = rows[:n_kept]
+        return rows, slot[rows]
 
     def touch(self, brick_ijk: torch.Tensor) -> None:
         """Record that the (existing) bricks' voxels changed without an allocation (decay, clearing)."""

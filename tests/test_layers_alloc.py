@@ -126,37 +126,41 @@ def test_alloc_ops_triton_match_torch(case, device):
         got = triton_twin("triton_alloc:alloc_lookup_triton")(*args)
         for a, b in zip(ref, got, strict=True):
             assert torch.equal(a.cpu(), b.cpu())
-    in_old, cur, sortkey, flags = ref
+    in_old, cur, sortkey, b, missing, kept = ref
     sk, order = torch.sort(sortkey)
-    ref = alloc.alloc_ranks_torch(sk, order, flags)
-    got = triton_twin("triton_alloc:alloc_ranks_triton")(sk, order, flags)
+    ref = alloc.alloc_ranks_torch(sk, order, missing, kept)
+    got = triton_twin("triton_alloc:alloc_ranks_triton")(sk, order, missing, kept)
     n_leaves, n_bricks, n_kept = ref[0].tolist()
     assert got[0].tolist() == [n_leaves, n_bricks, n_kept]
+    assert n_kept == int(kept.sum()) and n_bricks == int(missing.sum())  # independent counts
     assert torch.equal(ref[1][:n_leaves].cpu(), got[1][:n_leaves].cpu())
-    new_leaf = ((flags & alloc.MISSING) != 0) & (in_old < 0)
-    missing, kept = (flags & alloc.MISSING) != 0, (flags & alloc.KEPT) != 0
-    for a, b, sel in ((ref[2], got[2], new_leaf), (ref[3], got[3], missing), (ref[4], got[4], kept)):
-        assert torch.equal(a[sel].cpu(), b[sel].cpu())
-    assert torch.equal(ref[5][:n_kept].cpu(), got[5][:n_kept].cpu())
-    _, new_keys, leaf_rank, brick_rank, kept_rank, _ = ref
+    new_leaf = missing & (in_old < 0)
+    assert ref[1][:n_leaves].cpu().tolist() == sorted(set(sortkey[new_leaf].cpu().tolist()))
+    for a, b_, sel in ((ref[2], got[2], new_leaf), (ref[3], got[3], missing)):
+        assert torch.equal(a[sel].cpu(), b_[sel].cpu())
+    assert torch.equal(ref[4][:n_kept].cpu(), got[4][:n_kept].cpu())
+    assert ref[4][:n_kept].cpu().tolist() == kept.nonzero().squeeze(1).cpu().tolist()
+    if n_kept == 0:  # the caller stops here (write_bricks needs a kept brick)
+        return
+    _, new_keys, leaf_rank, brick_rank, _ = ref
     tables = (layer.slots.to(dev), layer.brick_versions.to(dev), old.masks.to(dev))
     pos_old, pos_new = None, torch.zeros(0, dtype=torch.int64, device=dev)
     if n_leaves:
-        r = alloc.relayout_leaves_torch(old.keys.to(dev), new_keys[:n_leaves].to(dev), *tables)
-        t = triton_twin("triton_alloc:relayout_leaves_triton")(
-            old.keys.to(dev), new_keys[:n_leaves].to(dev), *tables
-        )
-        for a, b in zip(r, t, strict=True):
-            assert torch.equal(a.cpu(), b.cpu())
+        keys = (old.keys.to(dev), new_keys[:n_leaves].to(dev))
+        r = alloc.relayout_leaves_torch(*keys, *tables)
+        t = triton_twin("triton_alloc:relayout_leaves_triton")(*keys, *tables)
+        for a, b_ in zip(r, t, strict=True):
+            assert torch.equal(a.cpu(), b_.cpu())
+        assert r[0].cpu().tolist() == sorted(old.keys.tolist() + new_keys[:n_leaves].cpu().tolist())
         tables, pos_old, pos_new = r[1:4], r[4], r[5]
     fresh = torch.arange(1000, 1000 + n_bricks, dtype=torch.int64, device=dev)
     outs = []
     for impl in (alloc.write_bricks_torch, triton_twin("triton_alloc:write_bricks_triton")):
         tab = tuple(x.clone() for x in tables)
-        out = impl(in_old, pos_old, pos_new, leaf_rank, flags, cur, fresh, brick_rank, kept_rank, 77, tab)
-        outs.append((out[:n_kept].cpu(), *(x.cpu() for x in tab)))
-    for a, b in zip(*outs, strict=True):
-        assert torch.equal(a, b)
+        out = impl(in_old, pos_old, pos_new, leaf_rank, b, missing, kept, cur, fresh, brick_rank, 77, tab)
+        outs.append((out[kept].cpu(), *(x.cpu() for x in tab)))
+    for a, b_ in zip(*outs, strict=True):
+        assert torch.equal(a, b_)
     if n_bricks:  # the masks written are those of the slot table (independent: from the present bricks)
         assert torch.equal(outs[0][3], alloc.brick_masks(outs[0][1] >= 0))
 

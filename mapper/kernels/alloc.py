@@ -4,8 +4,8 @@ pure-torch references here, Triton twins with the same signatures in :mod:`mappe
 The allocation of a frame's ``M`` bricks into a layer of ``La`` sorted leaves (8 bricks each, a slot table
 ``int32 [La, 8]``, a version table ``int64 [La, 8]`` and the grid's masks ``int64 [La, 8]``) is:
 
-1. :func:`alloc_lookup`: per brick, its leaf key, binary search in the leaf keys, the current slot; flags
-   (kept, missing = kept without a slot) and the sort key of the missing bricks without a leaf;
+1. :func:`alloc_lookup`: per brick, its leaf key, binary search in the leaf keys, the current slot, the
+   flags kept and missing (kept without a slot) and the sort key of the missing bricks without a leaf;
 2. ``torch.sort`` of those keys (the new leaves are their distinct values);
 3. :func:`alloc_ranks`: one scan: the rank of each new leaf, of each missing brick, of each kept brick; the
    new leaf keys and the kept rows compacted; the three sizes (read back once by the caller);
@@ -29,8 +29,6 @@ from .keys import encode_leaf_keys
 from .topology import lookup_leaves
 
 KEY_SENTINEL = torch.iinfo(torch.int64).max  # sorts after every leaf key
-# flags of alloc_lookup: bit 0 missing (kept, no slot), bit 1 kept, bits 2-4 the brick's index in its leaf
-MISSING, KEPT, B_SHIFT = 1, 2, 2
 
 
 def _s64(u: int) -> int:
@@ -72,12 +70,12 @@ def alloc_lookup(brick_ijk, keep, leaf_keys, slots):
 
 def alloc_lookup_torch(
     brick_ijk: torch.Tensor, keep: torch.Tensor | None, leaf_keys: torch.Tensor, slots: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, ...]:
     """Per brick of int64 ``[M, 3]`` ``brick_ijk`` (``keep``: bool ``[M]`` or None = all) in a layer with
     sorted leaf keys int64 ``[La]`` and slot table int32 ``[La, 8]``: (its leaf's index int64 ``[M]``, -1
     without a leaf; its slot int64 ``[M]``, -1 without one; the sort key int64 ``[M]``: the leaf key where
-    the brick is missing and has no leaf, else :data:`KEY_SENTINEL`; flags int32 ``[M]``: ``MISSING | KEPT |
-    b << B_SHIFT``)."""
+    the brick is missing and has no leaf, else :data:`KEY_SENTINEL`; its index in the leaf int64 ``[M]``;
+    missing (kept without a slot) and kept, bool ``[M]``)."""
     m = brick_ijk.shape[0]
     lk = encode_leaf_keys(brick_ijk >> 1)
     b = ((brick_ijk[:, 0] & 1) << 2) | ((brick_ijk[:, 1] & 1) << 1) | (brick_ijk[:, 2] & 1)
@@ -91,43 +89,38 @@ def alloc_lookup_torch(
     kept = torch.ones(m, dtype=torch.bool, device=brick_ijk.device) if keep is None else keep.to(torch.bool)
     missing = kept & (cur < 0)
     sortkey = torch.where(missing & (in_old < 0), lk, KEY_SENTINEL)
-    flags = (
-        (missing.to(torch.int32) * MISSING) | (kept.to(torch.int32) * KEPT) | (b.to(torch.int32) << B_SHIFT)
-    )
-    return in_old, cur, sortkey, flags
+    return in_old, cur, sortkey, b, missing, kept
 
 
 # -- 3. ranks ----------------------------------------------------------------------------------------------
-def alloc_ranks(sk, order, flags):
-    return kernel(sk.device, alloc_ranks_torch, "triton_alloc:alloc_ranks_triton")(sk, order, flags)
+def alloc_ranks(sk, order, missing, kept):
+    return kernel(sk.device, alloc_ranks_torch, "triton_alloc:alloc_ranks_triton")(sk, order, missing, kept)
 
 
 def alloc_ranks_torch(
-    sk: torch.Tensor, order: torch.Tensor, flags: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    sk: torch.Tensor, order: torch.Tensor, missing: torch.Tensor, kept: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """From the sorted keys int64 ``[M]`` ``sk`` (``sort(sortkey)``, ``order`` its permutation, int64
-    ``[M]``) and the flags int32 ``[M]`` of :func:`alloc_lookup`: (sizes int64 ``[3]`` = new leaves, missing
-    bricks, kept bricks; new leaf keys int64 ``[M]``, sorted, the first ``sizes[0]`` valid; each brick's
-    new leaf rank int64 ``[M]`` (input order; valid where the brick is missing without a leaf); each brick's
-    missing rank and kept rank, int64 ``[M]`` (valid where missing / kept); the kept rows int64 ``[M]``,
-    input order, the first ``sizes[2]`` valid)."""
+    ``[M]``) and the flags missing / kept (bool ``[M]``) of :func:`alloc_lookup`: (sizes int64 ``[3]`` =
+    new leaves, missing bricks, kept bricks; the new leaf keys int64 ``[M]``, sorted, the first ``sizes[0]``
+    valid; each brick's new-leaf rank int64 ``[M]`` (input order; valid where the brick is missing without
+    a leaf); each brick's rank among the missing ones int64 ``[M]`` (valid where missing); the kept rows
+    int64 ``[M]``, ascending, the first ``sizes[2]`` valid)."""
     m = sk.numel()
     dev = sk.device
     first = sk != KEY_SENTINEL
     first[1:] &= sk[1:] != sk[:-1]
     leaf_rank_sorted = torch.cumsum(first, 0) - 1
-    missing = (flags & MISSING) != 0
-    kept = (flags & KEPT) != 0
     brick_rank = torch.cumsum(missing, 0) - 1
     kept_rank = torch.cumsum(kept, 0) - 1
     sizes = torch.stack((leaf_rank_sorted[-1], brick_rank[-1], kept_rank[-1])) + 1
-    new_keys = torch.full((m + 1,), KEY_SENTINEL, dtype=torch.int64, device=dev)
+    new_keys = torch.empty(m + 1, dtype=torch.int64, device=dev)
     new_keys[torch.where(first, leaf_rank_sorted, m)] = sk  # the last row collects the rest
     leaf_rank = torch.empty_like(leaf_rank_sorted)
     leaf_rank[order] = leaf_rank_sorted
-    rows = torch.full((m + 1,), -1, dtype=torch.int64, device=dev)
+    rows = torch.empty(m + 1, dtype=torch.int64, device=dev)
     rows[torch.where(kept, kept_rank, m)] = torch.arange(m, dtype=torch.int64, device=dev)
-    return sizes, new_keys[:m], leaf_rank, brick_rank, kept_rank, rows[:m]
+    return sizes, new_keys[:m], leaf_rank, brick_rank, rows[:m]
 
 
 # -- 4. re-layout ------------------------------------------------------------------------------------------
@@ -166,10 +159,10 @@ def relayout_leaves_torch(
 
 # -- 5. write ----------------------------------------------------------------------------------------------
 def write_bricks(
-    in_old, pos_old, pos_new, leaf_rank, flags, cur, fresh, brick_rank, kept_rank, version, tables
+    in_old, pos_old, pos_new, leaf_rank, b, missing, kept, cur, fresh, brick_rank, version, tables
 ):
     return kernel(in_old.device, write_bricks_torch, "triton_alloc:write_bricks_triton")(
-        in_old, pos_old, pos_new, leaf_rank, flags, cur, fresh, brick_rank, kept_rank, version, tables
+        in_old, pos_old, pos_new, leaf_rank, b, missing, kept, cur, fresh, brick_rank, version, tables
     )
 
 
@@ -178,32 +171,31 @@ def write_bricks_torch(
     pos_old: torch.Tensor | None,
     pos_new: torch.Tensor,
     leaf_rank: torch.Tensor,
-    flags: torch.Tensor,
+    b: torch.Tensor,
+    missing: torch.Tensor,
+    kept: torch.Tensor,
     cur: torch.Tensor,
     fresh: torch.Tensor,
     brick_rank: torch.Tensor,
-    kept_rank: torch.Tensor,
     version: int,
     tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
 ) -> torch.Tensor:
-    """Write every kept brick into the (re-laid out) leaf ``tables`` = (slots int32, versions int64, masks
-    int64, ``[L, 8]``, in place): its leaf is ``pos_old[in_old]`` (``in_old`` itself when ``pos_old`` is
-    None: no new leaf), or ``pos_new[leaf_rank]`` without an old leaf; a missing brick takes the slot
-    ``fresh[brick_rank]`` (int64 ``[n_missing]``) and sets its voxels in the mask, the others keep ``cur``;
-    all get ``version``. Returns the kept bricks' slots int64 ``[M]`` in kept-rank order (the first
-    ``n_kept`` valid)."""
+    """Write every kept brick (at least one) into the (re-laid out) leaf ``tables`` = (slots int32,
+    versions int64, masks int64, ``[L, 8]``, in place): its leaf is ``pos_old[in_old]`` (``in_old`` itself
+    when ``pos_old`` is None: no new leaf), or ``pos_new[leaf_rank]`` without an old leaf; a missing brick
+    takes the slot ``fresh[brick_rank]`` (int64 ``[n_missing]``) and sets its voxels in its leaf's mask, the
+    others keep ``cur``; all get ``version``. Returns each brick's slot int64 ``[M]`` (valid where kept)."""
     slots, bver, masks = tables
     m = in_old.numel()
-    missing = (flags & MISSING) != 0
-    kept = (flags & KEPT) != 0
-    b = (flags >> B_SHIFT).to(torch.int64) & 7
     old_leaf = in_old.clamp(min=0)
     if pos_old is not None and pos_old.numel():
         old_leaf = pos_old[old_leaf]
-    new_leaf = pos_new[leaf_rank.clamp(0, max(pos_new.numel() - 1, 0))] if pos_new.numel() else old_leaf
-    leaf = torch.where(in_old >= 0, old_leaf, new_leaf)
-    slot = cur
+    if pos_new.numel():
+        leaf = torch.where(in_old >= 0, old_leaf, pos_new[leaf_rank.clamp(0, pos_new.numel() - 1)])
+    else:
+        leaf = old_leaf
     flat = leaf * 8 + b
+    slot = cur
     if fresh.numel():
         slot = torch.where(missing, fresh[brick_rank.clamp(0, fresh.numel() - 1)], cur)
         # a row not missing repeats the write of a missing row (same cell, same value; no boolean mask,
@@ -215,12 +207,6 @@ def write_bricks_torch(
         # patterns of the bricks of one word are disjoint, so adding them is OR-ing them
         pat = torch.where(missing, word_patterns(in_old.device)[b & 3], 0)
         masks.view(-1, 4).index_add_(0, leaf * 2 + (b >> 2), pat[:, None].expand(m, 4))
-    # the same for the versions; with no kept row at all, row j writes its cell's own value back
-    j = kept.to(torch.uint8).argmax().reshape(1)
-    fj = flat.index_select(0, j)
-    bv = bver.view(-1)
-    vj = torch.where(kept.index_select(0, j), version, bv.index_select(0, fj))
-    bv.scatter_(0, torch.where(kept, flat, fj), torch.where(kept, version, vj))
-    out = torch.full((m + 1,), -1, dtype=torch.int64, device=in_old.device)
-    out[torch.where(kept, kept_rank, m)] = slot
-    return out[:m]
+    j = kept.to(torch.uint8).argmax().reshape(1)  # a kept row: the others repeat its write
+    bver.view(-1).scatter_(0, torch.where(kept, flat, flat.index_select(0, j)), version)
+    return slot

@@ -38,7 +38,8 @@ def _lower_bound(keys_ptr, n, q, m, N_ITER: tl.constexpr):
 
 @triton.jit(do_not_specialize=["m", "n_leaves"])  # sizes vary per frame: no recompiles
 def _alloc_lookup_kernel(
-    ijk_ptr, keep_ptr, keys_ptr, slots_ptr, in_ptr, cur_ptr, sort_ptr, flags_ptr, m, n_leaves,
+    ijk_ptr, keep_ptr, keys_ptr, slots_ptr, in_ptr, cur_ptr, sort_ptr, b_ptr, missing_ptr, kept_ptr, m,
+    n_leaves,
     HAS_KEEP: tl.constexpr, TB: tl.constexpr, AX: tl.constexpr, PB: tl.constexpr, SENT: tl.constexpr,
     N_ITER: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -63,8 +64,9 @@ def _alloc_lookup_kernel(
     tl.store(in_ptr + i, tl.where(found, pos, -1), mask=msk)
     tl.store(cur_ptr + i, cur, mask=msk)
     tl.store(sort_ptr + i, tl.where(missing & ~found, key, SENT), mask=msk)
-    flags = missing.to(tl.int32) * 1 + kept.to(tl.int32) * 2 + (b.to(tl.int32) << 2)
-    tl.store(flags_ptr + i, flags, mask=msk)
+    tl.store(b_ptr + i, b, mask=msk)
+    tl.store(missing_ptr + i, missing, mask=msk)
+    tl.store(kept_ptr + i, kept, mask=msk)
 
 
 def alloc_lookup_triton(brick_ijk, keep, leaf_keys, slots):
@@ -73,34 +75,39 @@ def alloc_lookup_triton(brick_ijk, keep, leaf_keys, slots):
     in_old = torch.empty(m, dtype=torch.int64, device=dev)
     cur = torch.empty(m, dtype=torch.int64, device=dev)
     sortkey = torch.empty(m, dtype=torch.int64, device=dev)
-    flags = torch.empty(m, dtype=torch.int32, device=dev)
+    b = torch.empty(m, dtype=torch.int64, device=dev)
+    missing = torch.empty(m, dtype=torch.bool, device=dev)
+    kept = torch.empty(m, dtype=torch.bool, device=dev)
     if m:
         ijk = brick_ijk.to(torch.int64).contiguous()
         kp = ijk if keep is None else keep.to(torch.bool).contiguous()
         _alloc_lookup_kernel[(triton.cdiv(m, _BLOCK),)](
-            ijk, kp, leaf_keys.contiguous(), slots.contiguous(), in_old, cur, sortkey, flags, m,
+            ijk, kp, leaf_keys.contiguous(), slots.contiguous(), in_old, cur, sortkey, b, missing, kept, m,
             leaf_keys.numel(), HAS_KEEP=keep is not None, TB=TILE_BIAS, AX=TILE_AXIS_BITS,
             PB=LEAF_POS_BITS, SENT=KEY_SENTINEL, N_ITER=_SEARCH, BLOCK=_BLOCK,
         )  # fmt: skip
-    return in_old, cur, sortkey, flags
+    return in_old, cur, sortkey, b, missing, kept
 
 
 @triton.jit
-def _rank_flags(sk_ptr, flags_ptr, i, msk, SENT: tl.constexpr):
+def _rank_flags(sk_ptr, missing_ptr, kept_ptr, i, msk, SENT: tl.constexpr):
     """(first of its run among the sorted new-leaf keys, missing, kept) as int32 lanes."""
     s = tl.load(sk_ptr + i, mask=msk, other=SENT)
     prev = tl.load(sk_ptr + i - 1, mask=msk & (i > 0), other=SENT)
     first = (s != SENT) & ((i == 0) | (s != prev))
-    f = tl.load(flags_ptr + i, mask=msk, other=0)
-    return first.to(tl.int32), f & 1, (f >> 1) & 1
+    missing = tl.load(missing_ptr + i, mask=msk, other=0).to(tl.int32)
+    kept = tl.load(kept_ptr + i, mask=msk, other=0).to(tl.int32)
+    return first.to(tl.int32), missing, kept
 
 
 @triton.jit(do_not_specialize=["m"])
-def _alloc_block_sums_kernel(sk_ptr, flags_ptr, sums_ptr, m, SENT: tl.constexpr, BLOCK: tl.constexpr):
+def _alloc_block_sums_kernel(
+    sk_ptr, missing_ptr, kept_ptr, sums_ptr, m, SENT: tl.constexpr, BLOCK: tl.constexpr
+):
     pid = tl.program_id(0).to(tl.int64)
     i = pid * BLOCK + tl.arange(0, BLOCK)
     msk = i < m
-    first, missing, kept = _rank_flags(sk_ptr, flags_ptr, i, msk, SENT)
+    first, missing, kept = _rank_flags(sk_ptr, missing_ptr, kept_ptr, i, msk, SENT)
     tl.store(sums_ptr + pid * 3, tl.sum(first, axis=0).to(tl.int64))
     tl.store(sums_ptr + pid * 3 + 1, tl.sum(missing, axis=0).to(tl.int64))
     tl.store(sums_ptr + pid * 3 + 2, tl.sum(kept, axis=0).to(tl.int64))
@@ -108,13 +115,13 @@ def _alloc_block_sums_kernel(sk_ptr, flags_ptr, sums_ptr, m, SENT: tl.constexpr,
 
 @triton.jit(do_not_specialize=["m", "nb"])
 def _alloc_ranks_kernel(
-    sk_ptr, order_ptr, flags_ptr, cum_ptr, sizes_ptr, new_keys_ptr, leaf_rank_ptr, brick_rank_ptr,
-    kept_rank_ptr, rows_ptr, m, nb, SENT: tl.constexpr, BLOCK: tl.constexpr,
+    sk_ptr, order_ptr, missing_ptr, kept_ptr, cum_ptr, sizes_ptr, new_keys_ptr, leaf_rank_ptr,
+    brick_rank_ptr, rows_ptr, m, nb, SENT: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     i = pid * BLOCK + tl.arange(0, BLOCK)
     msk = i < m
-    first, missing, kept = _rank_flags(sk_ptr, flags_ptr, i, msk, SENT)
+    first, missing, kept = _rank_flags(sk_ptr, missing_ptr, kept_ptr, i, msk, SENT)
     has_prev = pid > 0
     p0 = tl.load(cum_ptr + (pid - 1) * 3, mask=has_prev, other=0)
     p1 = tl.load(cum_ptr + (pid - 1) * 3 + 1, mask=has_prev, other=0)
@@ -127,36 +134,34 @@ def _alloc_ranks_kernel(
     o = tl.load(order_ptr + i, mask=msk, other=0)
     tl.store(leaf_rank_ptr + o, r_leaf, mask=msk)
     tl.store(brick_rank_ptr + i, r_brick, mask=msk)
-    tl.store(kept_rank_ptr + i, r_kept, mask=msk)
     tl.store(rows_ptr + r_kept, i, mask=msk & (kept != 0))
     if pid == 0:
         for c in range(3):
             tl.store(sizes_ptr + c, tl.load(cum_ptr + (nb - 1) * 3 + c))
 
 
-def alloc_ranks_triton(sk, order, flags):
+def alloc_ranks_triton(sk, order, missing, kept):
     m = sk.numel()
     dev = sk.device
     new_keys = torch.empty(m, dtype=torch.int64, device=dev)  # the first sizes[0] are written
     leaf_rank = torch.empty(m, dtype=torch.int64, device=dev)
     brick_rank = torch.empty(m, dtype=torch.int64, device=dev)
-    kept_rank = torch.empty(m, dtype=torch.int64, device=dev)
     rows = torch.empty(m, dtype=torch.int64, device=dev)  # the first sizes[2] are written
     sizes = torch.empty(3, dtype=torch.int64, device=dev)
     if m == 0:
         sizes.zero_()
-        return sizes, new_keys, leaf_rank, brick_rank, kept_rank, rows
+        return sizes, new_keys, leaf_rank, brick_rank, rows
     block = 1024
     nb = triton.cdiv(m, block)
     sums = torch.empty((nb, 3), dtype=torch.int64, device=dev)
-    sk, flags = sk.contiguous(), flags.contiguous()
-    _alloc_block_sums_kernel[(nb,)](sk, flags, sums, m, SENT=KEY_SENTINEL, BLOCK=block)
+    sk, missing, kept = sk.contiguous(), missing.contiguous(), kept.contiguous()
+    _alloc_block_sums_kernel[(nb,)](sk, missing, kept, sums, m, SENT=KEY_SENTINEL, BLOCK=block)
     cum = torch.cumsum(sums, 0)
     _alloc_ranks_kernel[(nb,)](
-        sk, order.contiguous(), flags, cum, sizes, new_keys, leaf_rank, brick_rank, kept_rank, rows, m, nb,
+        sk, order.contiguous(), missing, kept, cum, sizes, new_keys, leaf_rank, brick_rank, rows, m, nb,
         SENT=KEY_SENTINEL, BLOCK=block,
     )  # fmt: skip
-    return sizes, new_keys, leaf_rank, brick_rank, kept_rank, rows
+    return sizes, new_keys, leaf_rank, brick_rank, rows
 
 
 @triton.jit(do_not_specialize=["la", "n", "nb_old"])
@@ -214,16 +219,15 @@ def relayout_leaves_triton(old_keys, new_keys, slots, bver, masks):
 
 @triton.jit(do_not_specialize=["m", "n_fresh", "version"])
 def _alloc_write_kernel(
-    in_ptr, pos_old_ptr, pos_new_ptr, leaf_rank_ptr, flags_ptr, cur_ptr, fresh_ptr, brick_rank_ptr,
-    kept_rank_ptr, slots_ptr, bver_ptr, masks_ptr, pat_ptr, out_ptr, m, n_fresh, version,
+    in_ptr, pos_old_ptr, pos_new_ptr, leaf_rank_ptr, b_ptr, missing_ptr, kept_ptr, cur_ptr, fresh_ptr,
+    brick_rank_ptr, slots_ptr, bver_ptr, masks_ptr, pat_ptr, out_ptr, m, n_fresh, version,
     HAS_POS_OLD: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     msk = i < m
-    f = tl.load(flags_ptr + i, mask=msk, other=0)
-    missing = msk & ((f & 1) != 0)
-    kept = msk & ((f & 2) != 0)
-    b = ((f >> 2) & 7).to(tl.int64)
+    missing = tl.load(missing_ptr + i, mask=msk, other=0) != 0
+    kept = tl.load(kept_ptr + i, mask=msk, other=0) != 0
+    b = tl.load(b_ptr + i, mask=msk, other=0)
     in_old = tl.load(in_ptr + i, mask=msk, other=-1)
     has = in_old >= 0
     if HAS_POS_OLD:
@@ -244,22 +248,21 @@ def _alloc_write_kernel(
     word = leaf * 8 + (b >> 2) * 4
     for c in range(4):
         tl.atomic_or(masks_ptr + word + c, pat, mask=missing, sem="relaxed")
-    kr = tl.load(kept_rank_ptr + i, mask=kept, other=0)
-    tl.store(out_ptr + kr, slot, mask=kept)
+    tl.store(out_ptr + i, slot, mask=msk)
 
 
 def write_bricks_triton(
-    in_old, pos_old, pos_new, leaf_rank, flags, cur, fresh, brick_rank, kept_rank, version, tables
+    in_old, pos_old, pos_new, leaf_rank, b, missing, kept, cur, fresh, brick_rank, version, tables
 ):
     slots, bver, masks = tables
     m = in_old.numel()
-    out = torch.empty(m, dtype=torch.int64, device=in_old.device)  # the first n_kept are written
+    out = torch.empty(m, dtype=torch.int64, device=in_old.device)
     if m:
         has_pos_old = pos_old is not None and pos_old.numel() > 0
         fr = fresh.to(torch.int64).contiguous() if fresh.numel() else out
         pn = pos_new if pos_new.numel() else out
         _alloc_write_kernel[(triton.cdiv(m, _BLOCK),)](
-            in_old, pos_old if has_pos_old else out, pn, leaf_rank, flags, cur, fr, brick_rank, kept_rank,
+            in_old, pos_old if has_pos_old else out, pn, leaf_rank, b, missing, kept, cur, fr, brick_rank,
             slots, bver, masks, word_patterns(in_old.device), out, m, fresh.numel(), version,
             HAS_POS_OLD=has_pos_old, BLOCK=_BLOCK,
         )  # fmt: skip
