@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import torch
 
 from .grid import IndexGrid
+from .kernels import alloc
+from .kernels.alloc import brick_masks
 from .kernels.dispatch import use_triton
-from .kernels.keys import encode_leaf_keys
-from .kernels.setops import insert_sorted_keys
-from .kernels.topology import lookup_leaves, make_leaves
+from .kernels.topology import make_leaves
 from .kernels.transfer import host_to_device
 from .kernels.views import LayerView
 
@@ -36,7 +36,6 @@ PAGE_BRICKS = 1 << 14  # 2^20 voxels per page
 # copy-on-write on CUDA: while a field's shared pages total at most this, a write copies all of them at once
 # (no host sync to find the pages it touches; HBM copies ~1.5 TB/s); above it, only the touched pages
 COW_ALL_BYTES = 256 << 20
-_KEY_SENTINEL = torch.iinfo(torch.int64).max  # sorts after every leaf key
 
 
 @dataclass(frozen=True)
@@ -105,6 +104,7 @@ class PagedPool:
         self.read_only = False  # a view from freeze(): writes raise
         self.cow_bytes = 0  # bytes copied by copy-on-write so far (the cost of publishing versions)
         self.cow_seconds = 0.0  # host time spent copying them (on CUDA: launching the copies)
+        self._fill_values: dict[tuple, torch.Tensor] = {}  # (field, value) -> the value on the device
 
     # -- capacity -----------------------------------------------------------------------------------
     @property
@@ -277,43 +277,22 @@ class PagedPool:
     def fill_slots(self, name: str, slots: torch.Tensor, value) -> None:
         self.prepare_write(name, slots)
         if self._triton():
+            from .kernels.triton_paged import paged_fill
+
             spec = self.fields[name]
-            v = torch.full((1,), value, dtype=spec.dtype, device=self.device)
-            self.scatter(name, slots, v.reshape((1,) * (2 + len(spec.shape))))
+            key = (name, repr(value))  # NaN != NaN: key by its text
+            v = self._fill_values.get(key)
+            if v is None:  # made once per field and value: no host-to-device copy per frame
+                c = 1
+                for d in spec.shape:
+                    c *= d
+                v = self._fill_values[key] = torch.full((c,), value, dtype=spec.dtype, device=self.device)
+            paged_fill(self.page_table(name), self.page_start_table(), slots, v)
             return
         for p, sel, start in self._groups(slots):
             s = slots if sel is None else slots[sel]
             # index_fill_: the scalar is a kernel argument (``page[idx] = value`` copies it from the host)
             self.pages[name][p].index_fill_(0, s - start, value)
-
-
-def _s64(u: int) -> int:
-    return u - (1 << 64) if u >= (1 << 63) else u
-
-
-# the 4x4 (j, k) block of a brick inside a 64-bit leaf word (bit j*8 + k), for (bj, bk) in {0,1}^2
-_WORD_PATTERNS = [
-    _s64(sum(1 << ((4 * bj + j) * 8 + 4 * bk + k) for j in range(4) for k in range(4)))
-    for bj in range(2)
-    for bk in range(2)
-]
-_PATTERNS: dict[torch.device, torch.Tensor] = {}
-
-
-def _word_patterns(device: torch.device) -> torch.Tensor:
-    t = _PATTERNS.get(device)
-    if t is None:
-        t = torch.tensor(_WORD_PATTERNS, dtype=torch.int64, device=device)
-        _PATTERNS[device] = t
-    return t
-
-
-def brick_masks(present: torch.Tensor) -> torch.Tensor:
-    """Leaf masks int64 ``[L, 8]`` of the voxels of the present bricks (bool ``[L, 8]``, brick index
-    ``bi << 2 | bj << 1 | bk``): brick ``bi`` covers words ``4 bi .. 4 bi + 3`` with a fixed 4x4 pattern."""
-    p = present.to(torch.int64).reshape(-1, 2, 4)  # [L, bi, (bj, bk)]
-    w = (p * _word_patterns(present.device)).sum(dim=2)  # disjoint patterns: sum == or
-    return w.repeat_interleave(4, dim=1)
 
 
 class BrickLayer:
@@ -365,13 +344,16 @@ class BrickLayer:
         slots, int64 ``[K]``). Bricks not kept are neither allocated nor marked written.
 
         All on the device, then **one host sync**: a vector of three sizes (new leaves, new bricks, kept
-        bricks), which the sorted leaf layout and the pool need on the host. Existing bricks are found by
+        bricks), which the sorted leaf layout and the pool need on the host. The steps are the operators of
+        :mod:`mapper.kernels.alloc` (five Triton launches and a sort on CUDA): existing bricks are found by
         binary search in the layer's leaf keys; the new leaves are the distinct leaf keys of the missing
-        bricks (one sort of the frame's ``M`` keys, no ``torch.unique``), spliced into the sorted keys
-        (:func:`mapper.kernels.setops.insert_sorted_keys`); the k-th missing brick (input order) takes the
-        k-th fresh slot of :meth:`PagedPool.alloc`. With no new leaf the keys and the tile index are reused
-        and the slot table is written in place; with no new brick the grid is unchanged. What stays O(leaves)
-        per frame with new leaves: the re-layout of the leaf keys, masks, slot and version tables.
+        bricks (one sort of the frame's ``M`` keys, no ``torch.unique``), spliced into the sorted keys with
+        the leaf tables (one pass); the k-th missing brick (input order) takes the k-th fresh slot of
+        :meth:`PagedPool.alloc` and ORs its voxels into its leaf's mask. With no new leaf the keys and the
+        tile index are reused and the slot table is written in place; with no new brick the grid is
+        unchanged and nothing is O(leaves). What stays O(leaves) per frame: with new bricks the copy of the
+        masks and the voxel offsets (the grid is immutable); with new leaves the re-layout of keys, masks,
+        slot and version tables.
         """
         dev = self.device
         m = brick_ijk.shape[0]
@@ -379,70 +361,36 @@ class BrickLayer:
         if m == 0:
             return z, z
         old = self.grid.leaves
-        la = old.keys.numel()
-        lk = encode_leaf_keys(brick_ijk >> 1)
-        b = brick_in_leaf(brick_ijk << 2)
-        if la:
-            in_old = lookup_leaves(old.keys, lk)
-            cur = self.slots[in_old.clamp(min=0), b].to(torch.int64)
-            cur = torch.where(in_old >= 0, cur, -1)
-        else:
-            in_old = torch.full_like(lk, -1)
-            cur = in_old
-        kept = torch.ones(m, dtype=torch.bool, device=dev) if keep is None else keep.to(torch.bool)
-        missing = kept & (cur < 0)
-        # new leaves: the distinct leaf keys of missing bricks without a leaf (the others sort last)
-        sk, order = torch.sort(torch.where(missing & (in_old < 0), lk, _KEY_SENTINEL))
-        first = sk != _KEY_SENTINEL
-        first[1:] &= sk[1:] != sk[:-1]
-        leaf_rank_sorted = torch.cumsum(first, 0) - 1
-        brick_rank = torch.cumsum(missing, 0) - 1
-        kept_rank = torch.cumsum(kept, 0) - 1
-        sizes = torch.stack((leaf_rank_sorted[-1], brick_rank[-1], kept_rank[-1])) + 1
+        in_old, cur, sortkey, b, missing, kept = alloc.alloc_lookup(brick_ijk, keep, old.keys, self.slots)
+        sk, order = torch.sort(sortkey)
+        sizes, new_keys, leaf_rank, brick_rank, rows = alloc.alloc_ranks(sk, order, missing, kept)
         n_leaves, n_bricks, n_kept = sizes.tolist()  # the one host sync of the allocation
         if n_kept == 0:
             return z, z
-        slots, bver = self.slots, self.brick_versions
-        leaf = in_old
+        slots, bver, masks = self.slots, self.brick_versions, old.masks
+        keys, pos_old, pos_new = old.keys, None, z
         if n_leaves:
-            new_keys = torch.empty(n_leaves + 1, dtype=torch.int64, device=dev)
-            new_keys[torch.where(first, leaf_rank_sorted, n_leaves)] = sk  # the last row collects the rest
-            keys, pos_old, pos_new = insert_sorted_keys(old.keys, new_keys[:n_leaves])
-            slots = torch.full((keys.numel(), 8), -1, dtype=torch.int32, device=dev)
-            slots[pos_old] = self.slots
-            bver = torch.full((keys.numel(), 8), -1, dtype=torch.int64, device=dev)
-            bver[pos_old] = self.brick_versions
-            leaf_rank = torch.empty_like(leaf_rank_sorted)
-            leaf_rank[order] = leaf_rank_sorted
-            at_new = pos_new[leaf_rank.clamp(0, n_leaves - 1)]
-            leaf = torch.where(in_old >= 0, pos_old[in_old.clamp(min=0)], at_new) if la else at_new
-        elif self._topology_shared:  # written in place below: a frozen view holds these
-            slots, bver = slots.clone(), bver.clone()
+            keys, slots, bver, masks, pos_old, pos_new = alloc.relayout_leaves(
+                old.keys, new_keys[:n_leaves], slots, bver, masks
+            )
+        else:
+            if self._topology_shared:  # written in place below: a frozen view holds these
+                slots, bver = slots.clone(), bver.clone()
+            if n_bricks:  # the grid is immutable (views and derived caches hold it): new masks
+                masks = masks.clone()
         self._topology_shared = False
-        slot = cur
-        if n_bricks:
-            fresh = self.pool.alloc(n_bricks)
-            slot = torch.where(missing, fresh[brick_rank.clamp(0, n_bricks - 1)], cur)
+        fresh = self.pool.alloc(n_bricks) if n_bricks else z
         self.version += 1
-        # every kept brick has its own cell now; a row not kept repeats the write of a kept row (same cell,
-        # same value: no conflicting duplicates, no boolean mask)
-        flat = leaf.clamp(min=0) * 8 + b
-        if keep is not None:
-            j = kept.to(torch.uint8).argmax().reshape(1)  # gathered, not ``x[j]``: a 0-dim index is read back
-            flat = torch.where(kept, flat, flat.index_select(0, j))
-            slot = torch.where(kept, slot, slot.index_select(0, j))
+        slot = alloc.write_bricks(
+            in_old, pos_old, pos_new, leaf_rank, b, missing, kept, cur, fresh, brick_rank, self.version,
+            (slots, bver, masks),
+        )  # fmt: skip
         if n_bricks:
-            slots.view(-1)[flat] = slot.to(torch.int32)
-        bver.view(-1).scatter_(0, flat, self.version)  # a scalar kernel argument (no host-to-device copy)
-        if n_bricks:
-            keys = keys if n_leaves else old.keys
             tiles = None if n_leaves else self.grid.cached_tiles
-            self.grid = IndexGrid(make_leaves(keys, brick_masks(slots >= 0)), tiles)
+            self.grid = IndexGrid(make_leaves(keys, masks), tiles)
         self.slots, self.brick_versions = slots, bver
-        if keep is None:
-            return torch.arange(m, dtype=torch.int64, device=dev), slot
-        rows = torch.empty(n_kept + 1, dtype=torch.int64, device=dev)
-        rows[torch.where(kept, kept_rank, n_kept)] = torch.arange(m, dtype=torch.int64, device=dev)
+        if n_kept == m:
+            return rows, slot
         rows = rows[:n_kept]
         return rows, slot[rows]
 

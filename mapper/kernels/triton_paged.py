@@ -56,9 +56,10 @@ def _element_address(ptrs_ptr, starts_ptr, n_pages, i, m, slots_ptr, offs_ptr, e
 def _paged_kernel(
     ptrs_ptr, starts_ptr, n_pages, slots_ptr, offs_ptr, buf_ptr, total,
     C: tl.constexpr, PER: tl.constexpr, HAS_OFF: tl.constexpr, SCATTER: tl.constexpr,
-    N_ITER: tl.constexpr, BLOCK: tl.constexpr,
+    N_ITER: tl.constexpr, BLOCK: tl.constexpr, BCAST: tl.constexpr = False,
 ):  # fmt: skip
-    """Gather (pool -> ``buf``) or, with ``SCATTER``, scatter (``buf`` -> pool), one element per lane."""
+    """Gather (pool -> ``buf``) or, with ``SCATTER``, scatter (``buf`` -> pool), one element per lane; with
+    ``BCAST`` the scatter writes the ``C`` values of ``buf`` into every (slot, voxel) (a fill)."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < total
     ety = buf_ptr.dtype.element_ty
@@ -66,7 +67,10 @@ def _paged_kernel(
         ptrs_ptr, starts_ptr, n_pages, i, m, slots_ptr, offs_ptr, ety, C, PER, HAS_OFF, N_ITER
     )
     if SCATTER:
-        tl.store(addr, tl.load(buf_ptr + i, mask=m), mask=m)
+        if BCAST:
+            tl.store(addr, tl.load(buf_ptr + i % C, mask=m), mask=m)
+        else:
+            tl.store(addr, tl.load(buf_ptr + i, mask=m), mask=m)
     else:
         tl.store(buf_ptr + i, tl.load(addr, mask=m), mask=m)
 
@@ -104,6 +108,22 @@ def paged_gather(ptrs, starts, slots, offsets, dtype, trailing: tuple[int, ...])
     out = torch.empty(shape, dtype=dtype, device=slots.device)
     _launch(ptrs, starts, slots, offsets, out, scatter=False)
     return out
+
+
+def paged_fill(ptrs, starts, slots, value: torch.Tensor) -> None:
+    """Set every voxel of the bricks ``slots`` to ``value`` (the field's dtype, ``[C]``, on the device): one
+    launch, no ``[M, 64, C]`` buffer."""
+    n = slots.numel()
+    c = value.numel()
+    if n == 0:
+        return
+    total = n * 64 * c
+    block = 256
+    sl = slots.to(torch.int64).contiguous()
+    _paged_kernel[(triton.cdiv(total, block),)](
+        ptrs, starts, ptrs.numel(), sl, sl, value.contiguous(), total, C=c, PER=64, HAS_OFF=False,
+        SCATTER=True, N_ITER=n_iter_frame(ptrs.numel()), BLOCK=block, BCAST=True,
+    )  # fmt: skip
 
 
 def paged_scatter(ptrs, starts, slots, offsets, values: torch.Tensor) -> None:
