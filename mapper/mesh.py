@@ -652,24 +652,30 @@ def _mesh_graphed(layer, s: float, req: torch.Tensor, nbr: torch.Tensor, with_co
 
 
 def _graph_mesh(out, layer, s: float, with_color: bool, partial: bool, tri_cap: int, since=None, sizes=None):
-    """The :class:`Mesh` of a mesh graph's outputs (:func:`_mesh_outputs`: ready-made arrays over a bucket,
-    then the sizes), copied out of the static buffers; None when they overflowed (more triangles than
-    ``tri_cap``, or more blocks than a delta bucket holds) or a brick is outside the edge-key range (the
-    caller runs the eager path, which raises on the range). One read-back: ``sizes`` (as a list, read here
-    if None). Serves both graphs: the marching cubes over a brick list and the delta from changed bricks."""
-    keys, pos, nrm, col, faces, blocks, offsets, removed, sizes_t = out
+    """The :class:`Mesh` of a mesh graph's outputs (:func:`_mesh_outputs`: the arrays packed over a bucket,
+    then the sizes), copied out of the static buffers in four copies; None when they overflowed (more
+    triangles than ``tri_cap``, or more blocks than a delta bucket holds) or a brick is outside the
+    edge-key range (the caller runs the eager path, which raises on the range). One read-back: ``sizes``
+    (as a list, read here if None). Serves both graphs: the marching cubes over a brick list and the delta
+    from changed bricks. The arrays are views of the copies (each contiguous)."""
+    i64, pn, col, faces, sizes_t = out
     n_tri, nv, nb, nr, bad, _n_req, over = sizes_t.tolist() if sizes is None else sizes
     if over or bad or n_tri > tri_cap:
         return None
+    mb = (i64.numel() - pn.shape[1] - 1) // 7  # blocks 3 mb, offsets mb + 1, removed 3 mb, then the keys
+    head = 7 * mb + 1
+    ints = i64[: head + nv].clone()
+    pn = pn[:, :nv].clone()
+    removed = ints[4 * mb + 1 : 4 * mb + 1 + 3 * (nr if partial else 0)].view(-1, 3)
     return Mesh(
-        vertices=pos[:nv].clone(),
+        vertices=pn[0],
         faces=faces[:n_tri].clone(),
-        normals=nrm[:nv].clone(),
+        normals=pn[1],
         colors=col[:nv].clone() if with_color else None,
-        vertex_keys=keys[:nv].clone(),
-        blocks=blocks[:nb].clone(),
-        block_face_offsets=offsets[: nb + 1].clone(),
-        removed_blocks=removed[:nr].clone() if partial else removed[:0],
+        vertex_keys=ints[head:],
+        blocks=ints[: 3 * nb].view(nb, 3),
+        block_face_offsets=ints[3 * mb : 3 * mb + nb + 1],
+        removed_blocks=removed,
         version=layer.version,
         full=not partial,
         since_version=since,
@@ -678,23 +684,25 @@ def _graph_mesh(out, layer, s: float, with_color: bool, partial: bool, tri_cap: 
 
 
 def _mesh_outputs(mc_out, req: torch.Tensor, extra: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Inside a graph: ``marching_cubes_static_triton``'s outputs over ``req`` as the arrays of a
-    :class:`Mesh` (int32 faces, block coordinates, offsets from 0), so that the caller only copies them
-    out; sizes (int64 ``[7]``): triangles, vertices, blocks, removed blocks, out of the key range, then
-    ``extra`` (int64 ``[2]``: a delta's block count and overflow flag; zeros otherwise)."""
+    """Inside a graph: ``marching_cubes_static_triton``'s outputs over the ``[Mb]`` blocks ``req`` packed
+    for :func:`_graph_mesh` (few copies out): int64 ``[7 Mb + 1 + K]`` = block coordinates ``[Mb, 3]``
+    (rows with faces), face offsets from 0 ``[Mb + 1]``, removed block coordinates ``[Mb, 3]``, edge keys
+    ``[K]`` (last: a copy of the first ``7 Mb + 1 + V`` entries holds them all); float32 ``[2, K, 3]``
+    positions and normals; uint8 ``[K, 3]`` colours; int32 ``[F, 3]`` faces; int64 ``[7]`` sizes:
+    triangles, vertices, blocks, removed blocks, out of the key range, then ``extra`` (int64 ``[2]``: a
+    delta's block count and overflow flag; zeros otherwise)."""
     _fc, keys, pos, nrm, col, faces, blocks, offsets, removed, sizes = mc_out
     zero = torch.zeros(1, dtype=torch.int64, device=req.device)
-    return (
-        keys,
-        pos,
-        nrm,
-        col,
-        faces.to(torch.int32),
-        req.index_select(0, blocks),
-        torch.cat((zero, offsets)),
-        req.index_select(0, removed),
-        torch.cat((sizes, extra)),
+    i64 = torch.cat(
+        (
+            req.index_select(0, blocks).reshape(-1),
+            zero,
+            offsets,
+            req.index_select(0, removed).reshape(-1),
+            keys,
+        )
     )
+    return i64, torch.stack((pos, nrm)), col, faces.to(torch.int32), torch.cat((sizes, extra))
 
 
 class _FillCache:
