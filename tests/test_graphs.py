@@ -33,6 +33,7 @@ from mapper.mesh import (
     _delta_graph_inputs,
     _delta_outputs,
     _graph_mesh,
+    _mc_graph_fn,
     _mc_graph_inputs,
     _tables,
     apply_delta,
@@ -139,6 +140,12 @@ def test_static_marching_cubes_equals_eager_op(device):
     assert torch.equal(offsets[:nb], mesh.block_face_offsets[1:])
     assert torch.equal(keys[:nv], ref[1]) and torch.equal(faces[:nt], ref[5])
     torch.testing.assert_close(pos[:nv], ref[2], rtol=0, atol=1e-6)
+    # what the brick-list graph returns, through the one Mesh builder: the eager op's mesh exactly
+    packed = _mc_graph_fn((mb, True), *inp)
+    got = _graph_mesh(packed, layer, s, True, True, mb * GRAPH_TRI_PER_BRICK)
+    assert got is not None and got.equals(mesh) and got.faces.dtype == torch.int32
+    full = _graph_mesh(packed, layer, s, True, False, mb * GRAPH_TRI_PER_BRICK)
+    assert full.full and full.removed_blocks.shape == (0, 3) and torch.equal(full.faces, mesh.faces)
     # too small a capacity: the count says so, nothing is written past it
     small = marching_cubes_static_triton(*inp, tri_cap=n_tri // 3, with_color=True)
     assert small[9].tolist()[0] == n_tri and small[5].shape == (n_tri // 3, 3)
