@@ -88,21 +88,27 @@ def bench_incremental(args, dev, lines, sensor):
 
     frame(0)
     version = m.mesh().version
-    ts, faces, blocks, extra = [], [], [], []
+    ts, again, faces, blocks, extra = [], [], [], [], []
     layer = m._tsdf
     for i in range(1, args.frames):
         frame(i)
         changed = int(((layer.slots >= 0) & (layer.brick_versions > version)).sum())  # not timed
         r0 = graphs.stats()["replays"]
         ms, d = wall(lambda v=version: m.mesh(since_version=v), dev)
+        ms2 = wall(lambda v=version: m.mesh(since_version=v), dev)[0]  # the same delta again
         version = d.version
         if i > args.warmup:
             ts.append(ms)
+            again.append(ms2)
             faces.append(d.num_faces)
             blocks.append(d.blocks.shape[0] + d.removed_blocks.shape[0])
             extra.append(f"frame {i}: {changed} changed, {graphs.stats()['replays'] - r0} replays")
     if args.profile:
         frame(args.frames - 1)
+        try:  # the first call after a frame (what the loop above times), then the stages
+            profile_once(m, version, lines, "first mesh_since after a frame")
+        except Exception as e:  # the numbers above still count
+            print(f"profile failed: {e!r}", flush=True)
         profile_stages(m, version, dev, args, lines)
     full = m.mesh()
     note = (
@@ -113,6 +119,8 @@ def bench_incremental(args, dev, lines, sensor):
     lines.append(
         row(f"incremental `Map.mesh(since_version)` after each {sensor} frame, {s * 100:g} cm", ts, note)
     )
+    print(lines[-1], flush=True)
+    lines.append(row("  the same delta again (no frame in between)", again))
     print(lines[-1], flush=True)
     slow = sorted(zip(ts, blocks, faces, extra, strict=True), reverse=True)[:3]
     lines.append(
@@ -185,31 +193,48 @@ def profile_stages(m, version, dev, args, lines):
         )
         lines.append(row(f"  stage: {name}", ts, note))
         print(lines[-1], flush=True)
-    if dev.type != "cuda":
-        return
     try:
-        profile_once(m, version, lines)
+        profile_once(m, version, lines, "the same mesh_since again")
     except Exception as e:  # the numbers above still count
         print(f"profile failed: {e!r}", flush=True)
 
 
-def profile_once(m, version, lines):
+def profile_once(m, version, lines, what="one mesh_since"):
+    """Launches (kernels and graph replays), host syncs, memcpys, GPU busy time and the torch ops the host
+    issued (top-level ``aten::`` calls, counted on the CPU side of the profile) of one call."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    dev = m.device
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    sync(dev)
+    with profile(activities=acts) as prof:
         m.mesh(since_version=version)
-        torch.cuda.synchronize()
+    sync(dev)  # outside the profile: not counted as a sync of the call
     ev = prof.key_averages()
-    launches = sum(e.count for e in ev if "LaunchKernel" in e.key)
+    launches = sum(e.count for e in ev if "LaunchKernel" in e.key or e.key == "cudaGraphLaunch")
     syncs = sum(e.count for e in ev if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize"))
     copies = sum(e.count for e in ev if "Memcpy" in e.key)
     busy = sum(e.self_device_time_total for e in ev if e.device_type.name == "CUDA") / 1e3
+    ops = sum(
+        1
+        for e in prof.events()
+        if e.name.startswith("aten::") and e.device_type.name == "CPU" and not _aten_parent(e)
+    )
     lines.append(
-        f"| profile of one mesh_since | | | | 1 | {launches} launches, {syncs} syncs, {copies} memcpys, "
-        f"GPU busy {busy:.3f} ms |"
+        f"| profile of {what} | | | | 1 | {ops} torch ops, {launches} launches, {syncs} syncs, "
+        f"{copies} memcpys, GPU busy {busy:.3f} ms |"
     )
     print(lines[-1], flush=True)
     print(ev.table(sort_by="self_cpu_time_total", row_limit=30), flush=True)
+
+
+def _aten_parent(e) -> bool:
+    p = e.cpu_parent
+    while p is not None:
+        if p.name.startswith("aten::"):
+            return True
+        p = p.cpu_parent
+    return False
 
 
 def main(argv=None):

@@ -31,7 +31,9 @@ from mapper.mesh import (
     _assemble,
     _delta_fill,
     _delta_graph_inputs,
-    _delta_mesh,
+    _delta_outputs,
+    _graph_mesh,
+    _mc_graph_fn,
     _mc_graph_inputs,
     _tables,
     apply_delta,
@@ -138,6 +140,12 @@ def test_static_marching_cubes_equals_eager_op(device):
     assert torch.equal(offsets[:nb], mesh.block_face_offsets[1:])
     assert torch.equal(keys[:nv], ref[1]) and torch.equal(faces[:nt], ref[5])
     torch.testing.assert_close(pos[:nv], ref[2], rtol=0, atol=1e-6)
+    # what the brick-list graph returns, through the one Mesh builder: the eager op's mesh exactly
+    packed = _mc_graph_fn((mb, True), *inp)
+    got = _graph_mesh(packed, layer, s, True, True, mb * GRAPH_TRI_PER_BRICK)
+    assert got is not None and got.equals(mesh) and got.faces.dtype == torch.int32
+    full = _graph_mesh(packed, layer, s, True, False, mb * GRAPH_TRI_PER_BRICK)
+    assert full.full and full.removed_blocks.shape == (0, 3) and torch.equal(full.faces, mesh.faces)
     # too small a capacity: the count says so, nothing is written past it
     small = marching_cubes_static_triton(*inp, tri_cap=n_tri // 3, with_color=True)
     assert small[9].tolist()[0] == n_tri and small[5].shape == (n_tri // 3, 3)
@@ -179,7 +187,8 @@ def test_static_delta_mesh_equals_mesh_since(device, monkeypatch):
     out = changed_mesh_static_triton(
         *inp, m_cap=cb * GRAPH_BLOCKS_PER_CHANGED, tri_cap=cb * GRAPH_TRI_PER_CHANGED, with_color=True
     )
-    got = _delta_mesh(out, layer, s, v, True, cb)
+    tri_cap = cb * GRAPH_TRI_PER_CHANGED
+    got = _graph_mesh(_delta_outputs(out), layer, s, True, True, tri_cap, since=v)
     assert got is not None and got.equals(eager) and got.since_version == v
     assert_same_mesh(got, with_kernels("torch", mesh_since, layer, s, v), exact=False)
     n_req = out[-1].tolist()[5]
@@ -187,7 +196,8 @@ def test_static_delta_mesh_equals_mesh_since(device, monkeypatch):
     small = changed_mesh_static_triton(
         *inp, m_cap=n_req - 1, tri_cap=cb * GRAPH_TRI_PER_CHANGED, with_color=True
     )
-    assert small[-1].tolist()[6] == 1 and _delta_mesh(small, layer, s, v, True, cb) is None
+    assert small[-1].tolist()[6] == 1
+    assert _graph_mesh(_delta_outputs(small), layer, s, True, True, tri_cap, since=v) is None
 
 
 @gpu
@@ -295,3 +305,50 @@ def test_graphed_mesh_over_capacity_and_big_lists_run_eagerly():
     assert graphs.stats()["replays"] == r0 and full.num_faces > 10000
     delta = mesh_since(big._tsdf, 0.02, big._tsdf.version)
     assert delta.num_faces == 0
+
+
+def test_graph_fills_write_what_changed_and_keep_the_padding():
+    """A delta graph's fill copies the leaf keys and slots every call, rewrites the padding of the leaf keys
+    where a longer grid left keys behind, and writes the pool's page tables only when the pool grew (new
+    tables): the buffers then equal a fresh fill's (CPU tensors: the fill itself is device-agnostic)."""
+    import math
+
+    def fresh_map(r):
+        m = Map(0.05, layers=("tsdf", "color"), device="cpu", warmup=False)
+        m._tsdf.pool.first_page_bricks, m._tsdf.pool.page_bricks = 16, 64
+        write_field(m, sphere((0, 0, 0), r), (-r - 0.1,) * 3, (r + 0.1,) * 3, color_fn=colour_of)
+        return m
+
+    big, small = fresh_map(0.4), fresh_map(0.15)
+    sent = (1 << 63) - 1
+
+    def check(m, inp):
+        layer = m._tsdf
+        n, pool = layer.grid.num_leaves, layer.pool
+        assert torch.equal(inp[1][:n], layer.grid.leaves.keys) and bool((inp[1][n:] == sent).all())
+        assert torch.equal(inp[2][:n], layer.slots)
+        p = len(pool.page_starts) - 1
+        assert torch.equal(inp[3][: p + 1], pool.page_start_table()) and bool(
+            (inp[3][p + 1 :] > 1 << 60).all()
+        )
+        for i, name in enumerate(("tsdf", "weight", "color", "color_weight")):
+            assert torch.equal(inp[4 + i][:p], pool.page_table(name))
+        assert math.isclose(float(inp[8]), m.voxel_size_m)
+
+    inp = _delta_graph_inputs((64, True), torch.device("cpu"))
+    cpos = torch.arange(5)
+    for m in (big, small, big):  # a shorter grid after a longer one: its tail is padding again
+        _delta_fill(m._tsdf, m.voxel_size_m, cpos, True)(inp)
+        check(m, inp)
+        assert torch.equal(inp[0][:5], cpos) and bool((inp[0][5:] == -1).all())
+    # same pool, same tables: not written again (a marker survives); the pool grows: written
+    inp[4][0] = -7
+    _delta_fill(big._tsdf, big.voxel_size_m, cpos, True)(inp)
+    assert int(inp[4][0]) == -7
+    write_field(big, sphere((0.9, 0, 0), 0.3), (0.5, -0.4, -0.4), (1.3, 0.4, 0.4), color_fn=colour_of)
+    _delta_fill(big._tsdf, big.voxel_size_m, cpos, True)(inp)
+    check(big, inp)
+    # another voxel size: written
+    inp[4][0] = -7
+    _delta_fill(big._tsdf, 0.07, cpos, True)(inp)
+    assert int(inp[4][0]) != -7 and math.isclose(float(inp[8]), 0.07)

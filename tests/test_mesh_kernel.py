@@ -165,6 +165,60 @@ def test_mesh_kernels_match_torch_reference(device, backend):
     assert a[4] is None and torch.equal(a[1], b[1])
 
 
+def test_leaf_search_lookups_equal_the_tile_lookup(device, backend):
+    """The lookups of the delta graph (a binary search of the grid's leaf keys: no tile index) against the
+    tile-index lookup (``neighbour_slots_torch``, an independent path), over a padded copy of the grid as
+    the graph holds it (keys padded with 2^63 - 1, slot rows past the grid's set to a slot that must never
+    come back): present, absent and out-of-range neighbours; the changed bricks' present neighbour blocks
+    (keys, padding rows ignored) and the blocks' neighbour slots from their keys (padding rows: none)."""
+    from mapper.kernels import marching as mk
+    from mapper.mesh import block_keys
+
+    m = patchy_map(device)
+    layer, g = m._tsdf, m._tsdf.grid
+    bricks = layer.brick_table()[0]
+    far = torch.tensor([[(1 << 20) - 1, 0, 0], [-(1 << 20), 5, -3], [0, (1 << 19) + 7, 0]], device=device)
+    q = torch.cat((bricks[1::2], bricks[::7] + torch.tensor([3, -2, 1], device=device), far))
+    want = mk.neighbour_slots_torch(q, g.leaves, g.tiles, layer.slots)
+    assert int((want >= 0).sum()) > 500 and int((want == -1).sum()) > 100 and bool((want[-3:] == -1).all())
+    n, pad = g.num_leaves, mk.KEY_PAD
+    keys = torch.full((n + 37,), pad, dtype=torch.int64, device=device)
+    keys[:n] = g.leaves.keys
+    slots = torch.full((n + 37, 8), 12345, dtype=torch.int32, device=device)
+    slots[:n] = layer.slots
+    got = mk.leaf_neighbour_slots_torch(q, keys, slots)
+    assert torch.equal(got, want) and torch.equal(
+        mk.leaf_neighbour_slots_torch(q, g.leaves.keys, layer.slots), want
+    )
+    assert bool((mk.leaf_neighbour_slots_torch(q, keys[:0], slots[:0]) == -1).all())
+    changed_blocks, key_neighbours = mk.changed_block_keys_torch, mk.key_block_neighbours_torch
+    if backend == "triton":
+        from mapper.kernels.triton_mesh import changed_block_keys_triton as changed_blocks
+        from mapper.kernels.triton_mesh import key_block_neighbours_triton as key_neighbours
+    # changed bricks: every third (leaf, brick) with a slot, two padding rows
+    leaf, b = (layer.slots >= 0).nonzero(as_tuple=True)
+    cpos = torch.cat(((leaf * 8 + b)[::3], torch.full((2,), -1, device=device)))
+    ck = changed_blocks(cpos, keys, slots)
+    ref = mk.changed_block_keys_torch(cpos, keys, slots)
+    assert torch.equal(ck, ref) and ck.numel() == 27 * cpos.numel()
+    lc = layer.grid.leaf_ijk.to(torch.int64)[leaf[::3]]
+    cb = lc * 2 + torch.stack(((b[::3] >> 2) & 1, (b[::3] >> 1) & 1, b[::3] & 1), 1)
+    nb = (cb[:, None, :] + mk._offsets_t(cb.device)[None]).reshape(-1, 3)
+    present = (mk.neighbour_slots_torch(cb, g.leaves, g.tiles, layer.slots) >= 0).reshape(-1)
+    expect = torch.where(present, block_keys(nb), torch.full_like(present, pad, dtype=torch.int64))
+    assert torch.equal(ck[: expect.numel()], expect) and bool((ck[expect.numel() :] == pad).all())
+    assert 0 < int(present.sum()) < present.numel()
+    # blocks from keys (a padding row among them): decoded bricks and their neighbour slots
+    bk = torch.cat((block_keys(q[:-3]), torch.full((1,), pad, device=device)))
+    qb, qs = key_neighbours(bk, keys, slots)
+    rb, rs = mk.key_block_neighbours_torch(bk, keys, slots)
+    assert torch.equal(qb[:-1], q[:-3]) and torch.equal(qb, rb) and torch.equal(qs, rs)
+    assert torch.equal(qs[:-1], want[:-3]) and bool((qs[-1] == -1).all())
+    assert changed_blocks(cpos[:0], keys, slots).numel() == 0 and key_neighbours(bk[:0], keys, slots)[
+        1
+    ].shape == (0, 27)
+
+
 def test_mesh_plane_and_sphere_are_on_the_analytic_surface(device, backend):
     """A tilted plane: every vertex on the plane, normals = the plane's normal, closed strip of cells; a
     sphere: vertices within 0.1 voxel of the sphere, outward unit normals, welded and watertight."""

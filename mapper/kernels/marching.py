@@ -37,7 +37,9 @@ from .keys import (
     EDGE_IJ_BITS,
     EDGE_K_BIAS,
     EDGE_K_BITS,
+    VOXEL_LIMIT,
     decode_leaf_keys,
+    encode_leaf_keys,
 )
 from .lookup import ijk_to_leaf_torch
 from .mesh_result import empty_result  # noqa: F401 (re-exported)
@@ -315,6 +317,64 @@ def neighbour_slots_torch(bricks: torch.Tensor, leaves, tiles, slot_table: torch
     b = (((v[:, 0] >> 2) & 1) << 2) | (((v[:, 1] >> 2) & 1) << 1) | ((v[:, 2] >> 2) & 1)
     slot = torch.where(leaf >= 0, slot_table[leaf.clamp(min=0), b].to(torch.int64), torch.full_like(leaf, -1))
     return slot.reshape(m, 27)
+
+
+def leaf_neighbour_slots_torch(bricks: torch.Tensor, leaf_keys: torch.Tensor, slot_table: torch.Tensor):
+    """:func:`neighbour_slots_torch` by a binary search of the grid's sorted leaf keys instead of its tile
+    index (what the incremental mesh's CUDA graph runs: it needs no tiles, so a frame that added leaves
+    does not build them): ``leaf_keys`` int64 ``[>= L]``, sorted, entries past the grid's any key above
+    every leaf key (the graph's buffer is padded with ``2^63 - 1``); ``slot_table`` int32 ``[>= L, 8]``.
+    Bricks with a voxel outside ``[-VOXEL_LIMIT, VOXEL_LIMIT)`` have no slot."""
+    m = bricks.shape[0]
+    d = _offsets_t(bricks.device)
+    v = (bricks[:, None, :].to(torch.int64) + d[None]).reshape(-1, 3) << 2
+    ok = ((v >= -VOXEL_LIMIT) & (v < VOXEL_LIMIT)).all(1)
+    q = encode_leaf_keys(torch.where(ok[:, None], v, torch.zeros_like(v)) >> 3)
+    if leaf_keys.numel() == 0 or slot_table.shape[0] == 0:
+        return torch.full((m, 27), -1, dtype=torch.int64, device=bricks.device)
+    i = torch.searchsorted(leaf_keys, q).clamp(max=leaf_keys.numel() - 1)
+    has = ok & (leaf_keys[i] == q)
+    b = (((v[:, 0] >> 2) & 1) << 2) | (((v[:, 1] >> 2) & 1) << 1) | ((v[:, 2] >> 2) & 1)
+    row = slot_table[i.clamp(max=slot_table.shape[0] - 1), b].to(torch.int64)
+    slot = torch.where(has, row, torch.full_like(i, -1))
+    return slot.reshape(m, 27)
+
+
+KEY_PAD = (1 << 63) - 1  # pads fixed-shape lists of block keys (sorts after every key)
+
+
+def changed_block_keys_torch(cpos: torch.Tensor, leaf_keys: torch.Tensor, slot_table: torch.Tensor):
+    """int64 ``[27 * C]``: block key of brick ``b + d`` for each changed brick ``b`` and the 27 offsets ``d``
+    (neighbour-table order) where that brick exists, ``KEY_PAD`` where not (and for padding rows).
+
+    ``cpos``: int64 ``[C]`` ``leaf * 8 + brick`` of the changed bricks (rows of the slot table), -1 =
+    padding; ``leaf_keys`` / ``slot_table``: as :func:`leaf_neighbour_slots_torch`. (The incremental mesh's
+    graph: the present blocks of the changed bricks' neighbourhoods, before their sort.)"""
+    c = cpos.numel()
+    valid = cpos >= 0
+    cp = cpos.clamp(min=0)
+    b = cp % 8
+    if leaf_keys.numel() == 0:
+        return torch.full((27 * c,), KEY_PAD, dtype=torch.int64, device=cpos.device)
+    lc = decode_leaf_keys(leaf_keys[(cp // 8).clamp(max=leaf_keys.numel() - 1)])
+    bc = lc * 2 + torch.stack(((b >> 2) & 1, (b >> 1) & 1, b & 1), dim=1)
+    slots = leaf_neighbour_slots_torch(bc, leaf_keys, slot_table)
+    v = (bc[:, None, :] + _offsets_t(bc.device)[None]).reshape(-1, 3) + BLOCK_BIAS
+    keys = (v[:, 0] << (2 * BLOCK_BITS)) | (v[:, 1] << BLOCK_BITS) | v[:, 2]
+    keep = ((slots >= 0) & valid[:, None]).reshape(-1)
+    return torch.where(keep, keys, torch.full_like(keys, KEY_PAD))
+
+
+def key_block_neighbours_torch(keys: torch.Tensor, leaf_keys: torch.Tensor, slot_table: torch.Tensor):
+    """(int64 ``[M, 3]`` bricks, int64 ``[M, 27]`` neighbour slots) of int64 ``[M]`` block keys: the keys
+    decoded (``mapper.mesh.block_keys`` layout; ``KEY_PAD`` decodes to a brick far outside every map) and
+    :func:`leaf_neighbour_slots_torch` of them, all -1 for ``KEY_PAD`` rows."""
+    bm = (1 << BLOCK_BITS) - 1
+    bricks = (
+        torch.stack(((keys >> (2 * BLOCK_BITS)) & bm, (keys >> BLOCK_BITS) & bm, keys & bm), 1) - BLOCK_BIAS
+    )
+    slots = leaf_neighbour_slots_torch(bricks, leaf_keys, slot_table)
+    return bricks, torch.where((keys != KEY_PAD)[:, None], slots, torch.full_like(slots, -1))
 
 
 def changed_neighbourhood_keys_torch(changed: torch.Tensor, leaf_keys: torch.Tensor) -> torch.Tensor:

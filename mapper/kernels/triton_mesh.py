@@ -38,6 +38,7 @@ from .triton_query import _find_tile_loop
 # steps (extra steps are no-ops), so a growing map (more pages, more tiles) keeps the compiled kernels.
 PAGE_STEPS = 17  # pages < 2^16
 TILE_STEPS = 33  # tiles < 2^32
+LEAF_STEPS = 24  # leaf keys < 2^23 (the graphs' copy of the grid holds 2^19)
 
 
 @triton.jit(do_not_specialize=["n_pages", "n"])
@@ -122,6 +123,123 @@ def _mc_neighbours_kernel(
     bi = (((x >> 2) & 1) << 2) | (((y >> 2) & 1) << 1) | ((z >> 2) & 1)
     slot = tl.load(slots_ptr + leaf * 8 + bi, mask=has, other=-1).to(tl.int64)
     tl.store(out_ptr + i, slot, mask=m)
+
+
+@triton.jit
+def _leaf_slot(x, y, z, ok, lkeys, n_keys, slots_ptr, NS: tl.constexpr, BIAS: tl.constexpr,
+               AXB: tl.constexpr, LPB: tl.constexpr):  # fmt: skip
+    """Pool slot (-1 if absent) of the bricks holding voxels (x, y, z) (multiples of 4, in range where
+    ``ok``): a binary search of the sorted leaf keys, then the leaf's slot table."""
+    tkey = (((x >> 5) + BIAS) << (2 * AXB)) | (((y >> 5) + BIAS) << AXB) | ((z >> 5) + BIAS)
+    key = (tkey << LPB) | ((((x >> 3) & 3) << 4) | (((y >> 3) & 3) << 2) | ((z >> 3) & 3))
+    leaf = _find_tile_loop(lkeys, n_keys, key, ok, NS)  # a search of sorted int64 keys: the same loop
+    has = leaf >= 0
+    bi = (((x >> 2) & 1) << 2) | (((y >> 2) & 1) << 1) | ((z >> 2) & 1)
+    return tl.load(slots_ptr + leaf * 8 + bi, mask=has, other=-1).to(tl.int64)
+
+
+@triton.jit(do_not_specialize=["c", "n_keys"])
+def _mc_changed_blocks_kernel(
+    cpos_ptr, out_ptr, c, lkeys, n_keys, slots_ptr,
+    NS: tl.constexpr, LIMIT: tl.constexpr, BIAS: tl.constexpr, AXB: tl.constexpr, LPB: tl.constexpr,
+    BB: tl.constexpr, BBIAS: tl.constexpr, PAD: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One lane per (changed brick, neighbour offset): the neighbour's block key where it exists, else PAD
+    (see :func:`changed_block_keys_triton`)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < c * 27
+    row = i // 27
+    d = i % 27
+    cp = tl.load(cpos_ptr + row, mask=m, other=-1)
+    valid = m & (cp >= 0)
+    cp = tl.where(valid, cp, 0)
+    b = cp % 8
+    key = tl.load(lkeys + cp // 8, mask=valid, other=0)
+    tile = key >> LPB
+    am = (1 << AXB) - 1
+    bx = ((((tile >> (2 * AXB)) & am) - BIAS) * 4 + ((key >> 4) & 3)) * 2 + ((b >> 2) & 1) + d // 9 - 1
+    by = ((((tile >> AXB) & am) - BIAS) * 4 + ((key >> 2) & 3)) * 2 + ((b >> 1) & 1) + (d // 3) % 3 - 1
+    bz = (((tile & am) - BIAS) * 4 + (key & 3)) * 2 + (b & 1) + d % 3 - 1
+    x = bx * 4
+    y = by * 4
+    z = bz * 4
+    ok = valid & (x >= -LIMIT) & (x < LIMIT) & (y >= -LIMIT) & (y < LIMIT) & (z >= -LIMIT) & (z < LIMIT)
+    slot = _leaf_slot(x, y, z, ok, lkeys, n_keys, slots_ptr, NS, BIAS, AXB, LPB)
+    bk = ((bx + BBIAS) << (2 * BB)) | ((by + BBIAS) << BB) | (bz + BBIAS)
+    tl.store(out_ptr + i, tl.where(ok & (slot >= 0), bk, PAD), mask=m)
+
+
+def changed_block_keys_triton(cpos: torch.Tensor, leaf_keys: torch.Tensor, slot_table: torch.Tensor):
+    """Triton version of :func:`mapper.kernels.marching.changed_block_keys_torch` (same arguments; one
+    launch, no read-back)."""
+    c = cpos.numel()
+    n_keys = min(leaf_keys.numel(), slot_table.shape[0])
+    out = torch.full((27 * c,), SENTINEL, dtype=torch.int64, device=cpos.device)
+    if c == 0 or n_keys == 0:
+        return out
+    _check_leaf_count(n_keys)
+    block = 256 if cpos.device.type == "cuda" else 4096
+    _mc_changed_blocks_kernel[(triton.cdiv(27 * c, block),)](
+        cpos.contiguous(), out, c, leaf_keys, n_keys, slot_table.contiguous(), NS=LEAF_STEPS,
+        LIMIT=VOXEL_LIMIT, BIAS=TILE_BIAS, AXB=TILE_AXIS_BITS, LPB=LEAF_POS_BITS, BB=BLOCK_BITS,
+        BBIAS=BLOCK_BIAS, PAD=SENTINEL, BLOCK=block,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit(do_not_specialize=["n", "n_keys"])
+def _mc_key_neighbours_kernel(
+    keys_ptr, bricks_ptr, out_ptr, n, lkeys, n_keys, slots_ptr,
+    NS: tl.constexpr, LIMIT: tl.constexpr, BIAS: tl.constexpr, AXB: tl.constexpr, LPB: tl.constexpr,
+    BB: tl.constexpr, BBIAS: tl.constexpr, PAD: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One lane per (block key, neighbour offset): the neighbour's slot (-1 if absent or a PAD row); the
+    lanes of offset 0 also write the decoded brick (see :func:`key_block_neighbours_triton`)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n * 27
+    row = i // 27
+    d = i % 27
+    k = tl.load(keys_ptr + row, mask=m, other=PAD)
+    bm = (1 << BB) - 1
+    bx = ((k >> (2 * BB)) & bm) - BBIAS
+    by = ((k >> BB) & bm) - BBIAS
+    bz = (k & bm) - BBIAS
+    first = m & (d == 0)
+    tl.store(bricks_ptr + row * 3 + 0, bx, mask=first)
+    tl.store(bricks_ptr + row * 3 + 1, by, mask=first)
+    tl.store(bricks_ptr + row * 3 + 2, bz, mask=first)
+    x = (bx + d // 9 - 1) * 4
+    y = (by + (d // 3) % 3 - 1) * 4
+    z = (bz + d % 3 - 1) * 4
+    ok = m & (k != PAD) & (x >= -LIMIT) & (x < LIMIT) & (y >= -LIMIT) & (y < LIMIT) & (z >= -LIMIT)
+    ok = ok & (z < LIMIT)
+    slot = _leaf_slot(x, y, z, ok, lkeys, n_keys, slots_ptr, NS, BIAS, AXB, LPB)
+    tl.store(out_ptr + i, tl.where(ok, slot, -1), mask=m)
+
+
+def key_block_neighbours_triton(keys: torch.Tensor, leaf_keys: torch.Tensor, slot_table: torch.Tensor):
+    """Triton version of :func:`mapper.kernels.marching.key_block_neighbours_torch` (same arguments; one
+    launch, no read-back)."""
+    m = keys.numel()
+    dev = keys.device
+    bricks = torch.empty((m, 3), dtype=torch.int64, device=dev)
+    out = torch.full((m, 27), -1, dtype=torch.int64, device=dev)
+    if m == 0:
+        return bricks, out
+    n_keys = min(leaf_keys.numel(), slot_table.shape[0])
+    _check_leaf_count(n_keys)
+    block = 256 if dev.type == "cuda" else 4096
+    _mc_key_neighbours_kernel[(triton.cdiv(27 * m, block),)](
+        keys.contiguous(), bricks, out, m, leaf_keys, n_keys, slot_table.contiguous(), NS=LEAF_STEPS,
+        LIMIT=VOXEL_LIMIT, BIAS=TILE_BIAS, AXB=TILE_AXIS_BITS, LPB=LEAF_POS_BITS, BB=BLOCK_BITS,
+        BBIAS=BLOCK_BIAS, PAD=SENTINEL, BLOCK=block,
+    )  # fmt: skip
+    return bricks, out
+
+
+def _check_leaf_count(n_keys: int) -> None:
+    if n_keys >= 1 << (LEAF_STEPS - 1):
+        raise ValueError(f"leaf lookups: {n_keys} leaf keys, the search covers < 2^{LEAF_STEPS - 1}")
 
 
 def neighbour_slots_triton(bricks: torch.Tensor, leaves, tiles, slot_table: torch.Tensor) -> torch.Tensor:
@@ -525,8 +643,8 @@ def _compact(keep, rank, values, out):
 
 
 def changed_mesh_static_triton(
-    cpos, leaf_keys, tkeys, tmask, tstart, slot_table, starts, tsdf_pt, w_pt, col_pt, cw_pt, prm, tab,
-    cnt_tab, *, m_cap: int, tri_cap: int, with_color: bool,
+    cpos, leaf_keys, slot_table, starts, tsdf_pt, w_pt, col_pt, cw_pt, prm, tab, cnt_tab, *, m_cap: int,
+    tri_cap: int, with_color: bool,
 ):  # fmt: skip
     """The blocks an incremental mesh re-meshes, and :func:`marching_cubes_static_triton` over them, over
     fixed shapes without a host sync (what ``mapper.mesh`` captures for deltas of few changed bricks).
@@ -537,10 +655,9 @@ def changed_mesh_static_triton(
     Args (one CUDA device, or CPU tensors under the Triton interpreter):
         cpos: int64 ``[Cb]``: ``leaf * 8 + brick`` of each changed brick (rows of the layer's slot table);
             -1 = padding.
-        leaf_keys: int64 ``[>= L]`` the grid's leaf keys (rows past L unused).
-        tkeys: int64 ``[Tc]`` the grid's tile keys, padded with ``2^63 - 1``; tmask, tstart: int64
-            ``[>= T]`` tile masks and first leaves.
-        slot_table: int32 ``[>= L, 8]`` the layer's leaf-level slot table.
+        leaf_keys: int64 ``[Lc]`` the grid's leaf keys, padded with ``2^63 - 1`` (the neighbours are
+            found by a binary search of them: no tile index needed).
+        slot_table: int32 ``[Lc, 8]`` the layer's leaf-level slot table (rows past L unused).
         starts ... cnt_tab: as :func:`marching_cubes_static_triton`.
         m_cap: blocks the outputs hold; tri_cap, with_color: as :func:`marching_cubes_static_triton`.
     Returns:
@@ -550,36 +667,9 @@ def changed_mesh_static_triton(
         the eager path).
     """
     dev = cpos.device
-    c = cpos.numel()
-    n = 27 * c
-    valid = cpos >= 0
-    cp = cpos.clamp(min=0)
-    b = cp % 8
-    lk = leaf_keys.index_select(0, cp // 8)
-    tile = lk >> LEAF_POS_BITS
-    am = (1 << TILE_AXIS_BITS) - 1
-    lc = torch.stack(
-        (
-            (((tile >> (2 * TILE_AXIS_BITS)) & am) - TILE_BIAS) * 4 + ((lk >> 4) & 3),
-            (((tile >> TILE_AXIS_BITS) & am) - TILE_BIAS) * 4 + ((lk >> 2) & 3),
-            ((tile & am) - TILE_BIAS) * 4 + (lk & 3),
-        ),
-        1,
-    )
-    bc = lc * 2 + torch.stack(((b >> 2) & 1, (b >> 1) & 1, b & 1), 1)
-    # the slots of the changed bricks' 27 neighbours: which blocks of the neighbourhoods exist
-    block = 256 if dev.type == "cuda" else 4096
-    cn = torch.empty((c, 27), dtype=torch.int64, device=dev)
-    _mc_neighbours_kernel[(triton.cdiv(n, block),)](
-        bc, cn, c, tkeys, tmask, tstart, tkeys.numel(), slot_table, NT=TILE_STEPS, LIMIT=VOXEL_LIMIT,
-        BIAS=TILE_BIAS, AXB=TILE_AXIS_BITS, BLOCK=block,
-    )  # fmt: skip
-    d = torch.arange(27, device=dev)
-    off = torch.stack((d // 9 - 1, (d // 3) % 3 - 1, d % 3 - 1), 1)
-    v = (bc[:, None, :] + off[None]).reshape(-1, 3) + BLOCK_BIAS
-    keys = (v[:, 0] << (2 * BLOCK_BITS)) | (v[:, 1] << BLOCK_BITS) | v[:, 2]
-    keep = ((cn >= 0) & valid[:, None]).reshape(-1)
-    keys = torch.where(keep, keys, torch.full_like(keys, SENTINEL))
+    n = 27 * cpos.numel()
+    # the block keys of the changed bricks' neighbours that exist (SENTINEL elsewhere): one kernel
+    keys = changed_block_keys_triton(cpos, leaf_keys, slot_table)
     # the present blocks: unique keys, sorted (padding last)
     sk, _ = torch.sort(keys)
     first = sk != SENTINEL
@@ -591,16 +681,8 @@ def changed_mesh_static_triton(
     if m_cap > n:  # pad (a bucket never holds more blocks than its neighbourhoods)
         uk = torch.cat((uk, torch.full((m_cap - n,), SENTINEL, dtype=torch.int64, device=dev)))
     uk = uk[:m_cap]
-    bm = (1 << BLOCK_BITS) - 1
-    req = torch.stack(((uk >> (2 * BLOCK_BITS)) & bm, (uk >> BLOCK_BITS) & bm, uk & bm), 1) - BLOCK_BIAS
-    # their 27 neighbours' slots; padding rows (decoded far outside the map) have none
-    nreq = torch.empty((m_cap, 27), dtype=torch.int64, device=dev)
-    _mc_neighbours_kernel[(triton.cdiv(m_cap * 27, block),)](
-        req, nreq, m_cap, tkeys, tmask, tstart, tkeys.numel(), slot_table, NT=TILE_STEPS, LIMIT=VOXEL_LIMIT,
-        BIAS=TILE_BIAS, AXB=TILE_AXIS_BITS, BLOCK=block,
-    )  # fmt: skip
-    rows = torch.arange(m_cap, device=dev)
-    nreq = torch.where((rows < n_req)[:, None], nreq, torch.full_like(nreq, -1))
+    # the blocks and their 27 neighbours' slots (padding rows: a brick far outside the map, no slots)
+    req, nreq = key_block_neighbours_triton(uk, leaf_keys, slot_table)
     out = marching_cubes_static_triton(
         req, nreq, n_req.reshape(1), starts, tsdf_pt, w_pt, col_pt, cw_pt, prm, tab, cnt_tab,
         tri_cap=tri_cap, with_color=with_color,
