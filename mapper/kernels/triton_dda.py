@@ -22,23 +22,6 @@ def _axis_setup(o, d, t0, cell):
     return v.to(tl.int64), tm, td, st
 
 
-@triton.jit
-def _dda_step(vx, vy, vz, tmx, tmy, tmz, sx, sy, sz, tdx, tdy, tdz):
-    """One step of the traversal (``dda_torch``'s order: x, then y, then z on ties): the next cell, the
-    axes' next crossings and the entry ``t`` of the cell left behind's successor."""
-    mx = (tmx <= tmy) & (tmx <= tmz)
-    my = (~mx) & (tmy <= tmz)
-    mz = (~mx) & (~my)
-    t = tl.minimum(tl.minimum(tmx, tmy), tmz)
-    vx += tl.where(mx, sx, 0)
-    vy += tl.where(my, sy, 0)
-    vz += tl.where(mz, sz, 0)
-    tmx += tl.where(mx, tdx, 0.0)
-    tmy += tl.where(my, tdy, 0.0)
-    tmz += tl.where(mz, tdz, 0.0)
-    return vx, vy, vz, tmx, tmy, tmz, t
-
-
 @triton.jit(do_not_specialize=["n"])  # sizes vary per frame: no recompiles
 def _dda_kernel(
     o_ptr,
@@ -80,7 +63,16 @@ def _dda_kernel(
         tl.store(tent_ptr + base, t, mask=mk)
         ok = (t < t1) | ((t0 <= t1) & (k == 0))
         tl.store(valid_ptr + base, ok.to(tl.int8), mask=mk)
-        vx, vy, vz, tmx, tmy, tmz, t = _dda_step(vx, vy, vz, tmx, tmy, tmz, sx, sy, sz, tdx, tdy, tdz)
+        mx = (tmx <= tmy) & (tmx <= tmz)
+        my = (~mx) & (tmy <= tmz)
+        mz = (~mx) & (~my)
+        t = tl.minimum(tl.minimum(tmx, tmy), tmz)
+        vx += tl.where(mx, sx, 0)
+        vy += tl.where(my, sy, 0)
+        vz += tl.where(mz, sz, 0)
+        tmx += tl.where(mx, tdx, 0.0)
+        tmy += tl.where(my, tdy, 0.0)
+        tmz += tl.where(mz, tdz, 0.0)
 
 
 def dda_kernel_launch(origins, dirs, t0, t1, cell: float, max_steps: int):
