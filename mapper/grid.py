@@ -15,20 +15,13 @@ import torch
 
 from . import _validation as v
 from .errors import InvalidArgument, InvalidArgumentType
-from .kernels import build, inject, lookup, morphology, setops
-from .kernels.dispatch import use_triton
+from .kernels import build, grid_ops, morphology, setops
 from .kernels.keys import TILE_AXIS_BITS, TILE_BIAS, VOXEL_LIMIT, decode_leaf_keys, in_range
 from .kernels.topology import Leaves, Tiles, build_tiles, empty_leaves, make_leaves
 
 _MAX_RADIUS = 8
 TILE_LIMIT = VOXEL_LIMIT >> 5  # tile coordinates lie in [-TILE_LIMIT, TILE_LIMIT)
 _AXIS = (1 << TILE_AXIS_BITS) - 1
-
-
-def _triton_ops():
-    from .kernels import triton_ops  # imported lazily: triton is optional
-
-    return triton_ops
 
 
 class IndexGrid:
@@ -108,6 +101,9 @@ class IndexGrid:
             self._tiles = build_tiles(self._leaves.keys)
         return self._tiles
 
+    def _tiles_of(self) -> Tiles:
+        return self.tiles
+
     def derived(self, key, build):
         """Data derived from this grid's topology alone (e.g. the neighbour maps of ``mapper.nn``): built
         by ``build()`` on the first call for a hashable ``key``, then cached on the grid (which is
@@ -119,9 +115,7 @@ class IndexGrid:
     @property
     def ijk(self) -> torch.Tensor:
         """int32 ``[num_voxels, 3]`` active voxel coordinates in voxel-sequential order."""
-        if use_triton(self.device) and self.num_leaves:
-            return _triton_ops().voxel_ijk_triton(self._leaves)
-        return build.voxel_ijk_torch(self._leaves)
+        return grid_ops.voxel_ijk(self._leaves)
 
     @property
     def leaf_ijk(self) -> torch.Tensor:
@@ -149,17 +143,13 @@ class IndexGrid:
         inactive (or outside the representable range). ``ijk`` must be on the grid's device (numpy is
         moved there)."""
         t = self._device_ijk("ijk", ijk)
-        if use_triton(self.device) and self.num_leaves and t.shape[0]:
-            return _triton_ops().ijk_to_index_triton(self._leaves, self.tiles, t)
-        return lookup.ijk_to_index_torch(self._leaves, t)
+        return grid_ops.ijk_to_index(self._leaves, self._tiles_of, t)
 
     def ijk_to_leaf(self, ijk) -> torch.Tensor:
         """int64 ``[M]`` index (in leaf order) of the leaf holding each voxel of ``ijk``, -1 where the
         grid has no such leaf. Used to address leaf-level sidecars."""
         t = self._device_ijk("ijk", ijk)
-        if use_triton(self.device) and self.num_leaves and t.shape[0]:
-            return _triton_ops().ijk_to_index_triton(self._leaves, self.tiles, t, leaf_only=True)
-        return lookup.ijk_to_leaf_torch(self._leaves, t)
+        return grid_ops.ijk_to_index(self._leaves, self._tiles_of, t, leaf_only=True)
 
     def _device_ijk(self, name: str, ijk) -> torch.Tensor:
         if isinstance(ijk, torch.Tensor) and ijk.device != self.device:
@@ -191,9 +181,7 @@ class IndexGrid:
         mask = v.check_bool_mask("keep", keep, self.num_voxels, self.device)
         if self.num_leaves == 0:
             return self
-        if use_triton(self.device):
-            return IndexGrid(_triton_ops().prune_triton(self._leaves, mask))
-        return IndexGrid(setops.prune_torch(self._leaves, mask))
+        return IndexGrid(grid_ops.prune(self._leaves, mask))
 
     def _morph(self, radius, connectivity, erode: bool) -> IndexGrid:
         r = v.check_int_in("radius", radius, range(1, _MAX_RADIUS + 1))
@@ -202,13 +190,8 @@ class IndexGrid:
         for _ in range(r):
             if grid.num_leaves == 0:
                 break
-            if use_triton(self.device):
-                op = _triton_ops().erode_triton if erode else _triton_ops().dilate_triton
-                leaves, tiles = op(grid._leaves, grid.tiles, c)
-                grid = IndexGrid(leaves, tiles)
-            else:
-                op = morphology.erode_torch if erode else morphology.dilate_torch
-                grid = IndexGrid(op(grid._leaves, c))
+            leaves, tiles = grid_ops.morph(grid._leaves, grid._tiles_of, c, erode)
+            grid = IndexGrid(leaves, tiles)
             if not erode:
                 grid._check_range("dilated_grid")
         return grid
@@ -274,6 +257,4 @@ class IndexGrid:
         dst = self._check_other(dst_grid)
         if self.num_leaves == 0 or dst.num_leaves == 0:
             return torch.full((dst.num_voxels,), -1, dtype=torch.int64, device=self.device)
-        if use_triton(self.device):
-            return _triton_ops().inject_index_triton(self._leaves, self.tiles, dst._leaves)
-        return inject.inject_index_torch(self._leaves, dst._leaves)
+        return grid_ops.inject_index(self._leaves, self._tiles_of, dst._leaves)

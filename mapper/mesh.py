@@ -43,7 +43,7 @@ import torch
 
 from . import graphs
 from .errors import Conflict, InvalidArgument, InvalidArgumentType
-from .kernels.dispatch import triton_twin, use_triton
+from .kernels.dispatch import compiled, triton_twin
 from .kernels.marching import (
     BLOCK_BIAS,
     BLOCK_BITS,
@@ -619,7 +619,7 @@ def warm_graphs(layer: BrickLayer) -> int:
     """Capture the marching-cubes graphs a TSDF layer's meshes use (every bucket; called by the map's
     warm-up, so no capture happens mid-sequence); returns how many are ready (0 where graphs don't apply)."""
     dev = layer.device
-    if not (graphs.enabled(dev) and use_triton(dev)):
+    if not (graphs.enabled(dev) and compiled(dev)):
         return 0
     with_color = "color" in layer.pool.fields and "color_weight" in layer.pool.fields
     n = sum(MC_GRAPHS.warm((mb, with_color), dev) for mb in _graph_buckets())
@@ -633,7 +633,7 @@ def _mesh_graphed(layer, s: float, req: torch.Tensor, nbr: torch.Tensor, with_co
     holds, a brick out of the edge-key range): the caller runs the eager op (and raises on the range)."""
     dev = req.device
     m = req.shape[0]
-    if not (0 < m <= GRAPH_MAX_BRICKS and graphs.enabled(dev) and use_triton(dev)):
+    if not (0 < m <= GRAPH_MAX_BRICKS and graphs.enabled(dev) and compiled(dev)):
         return None
     pool = layer.pool
     if pool.page_start_table().numel() - 1 > GRAPH_PAGES:
@@ -761,7 +761,7 @@ def _mesh_since_graphed(layer, s: float, since: int, changed: torch.Tensor, with
     :func:`_mesh_graphed`; also more than ``GRAPH_MAX_CHANGED`` changed bricks, more blocks or triangles
     than the bucket holds, a grid over the graphs' copy): the caller runs the eager path."""
     dev = layer.device
-    if not (graphs.enabled(dev) and use_triton(dev)):
+    if not (graphs.enabled(dev) and compiled(dev)):
         return None
     n_leaves = layer.grid.num_leaves
     if n_leaves == 0 or n_leaves > GRAPH_LEAVES or layer.pool.page_start_table().numel() - 1 > GRAPH_PAGES:

@@ -39,7 +39,7 @@ from . import _validation as v
 from .errors import InvalidArgument, InvalidArgumentType
 from .integrators.common import check_points, check_pose, keys_to_ijk
 from .kernels import nn
-from .kernels.dispatch import use_triton
+from .kernels.dispatch import compiled
 
 KERNELS = ("geman_mcclure", "huber", "none")
 _HOST = torch.device("cpu")  # poses (float64 4x4) live on the host, whatever the points' device
@@ -354,7 +354,7 @@ class VoxelPointMap:
         points (ICP iterations): on the torch path it keeps each query's candidate voxels and looks up again
         only the queries that crossed into another voxel block."""
         nbh = self.neighbourhood(max_distance_m)
-        if use_triton(self.device):
+        if compiled(self.device):
             return lambda q: self.nearest(q, max_distance_m, nbh)
         state: dict = {}
 

@@ -31,7 +31,7 @@ import time
 import torch
 
 from . import gc_policy
-from .kernels.dispatch import use_triton
+from .kernels.dispatch import compiled
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def warmed(config: dict, device) -> bool:
 
 def needed(device) -> bool:
     """True when maps on ``device`` run Triton kernels (so a warm-up compiles something)."""
-    return use_triton(torch.device(device))
+    return compiled(device)
 
 
 def warm_up(config: dict, device, *, force: bool = False, sizes: tuple[int, ...] = (64, 1027)) -> float:

@@ -48,6 +48,14 @@ def use_triton(device: torch.device) -> bool:
     return device.type == "cuda" and triton_available()
 
 
+def compiled(device: torch.device | str) -> bool:
+    """True when operators on ``device`` run compiled kernels rather than their torch references. The one
+    question a caller above the kernels may ask about the choice, to pick a *strategy* that only pays off
+    with compiled kernels (a warm-up that compiles them, a CUDA-graph replay, a cache that only helps the
+    reference); callers never name the kernel language."""
+    return use_triton(torch.device(device))
+
+
 def kernel(device: torch.device, torch_impl: Callable, triton_impl: str | Callable) -> Callable:
     """The implementation of an operator for tensors on ``device``: ``torch_impl`` (the reference), or its
     Triton twin (same signature) where :func:`use_triton` says so. ``triton_impl`` is the twin, or its name
