@@ -26,7 +26,7 @@ import torch
 from .grid import IndexGrid
 from .kernels import alloc
 from .kernels.alloc import brick_masks
-from .kernels.dispatch import use_triton
+from .kernels.dispatch import compiled
 from .kernels.topology import make_leaves
 from .kernels.transfer import host_to_device
 from .kernels.views import LayerView
@@ -227,7 +227,7 @@ class PagedPool:
             yield p, (page == p).nonzero().squeeze(1), self.page_starts[p]
 
     def _triton(self) -> bool:
-        return len(self.page_starts) > 2 and use_triton(self.device)
+        return len(self.page_starts) > 2 and compiled(self.device)
 
     def gather(self, name: str, slots: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
         """Values of ``name`` at (slot, offset) pairs (``[M, *C]``), or whole bricks (``[M, 64, *C]``)."""
