@@ -49,6 +49,25 @@ class MapReads:
         """The stored layers, then the ESDF's ("esdf")."""
         return self._brick_layers() + ([("esdf", self._esdf.layer)] if self._esdf is not None else [])
 
+    # the registry as callers outside the map read it (warm-up, service, cluster): no private fields
+    def stored_layer(self, kind: str) -> StoredLayer | None:
+        """The stored layer of ``kind`` (``"tsdf"``, ``"occupancy"``, ``"free"``), or None."""
+        return next((la for k, la in self._brick_layers() if k == kind), None)
+
+    def brick_layers(self) -> list[tuple[str, BrickLayer]]:
+        """(kind, brick layer) of every layer the map holds: the stored ones, then the ESDF's (``"esdf"``)."""
+        return self._all_layers()
+
+    @property
+    def has_esdf(self) -> bool:
+        """True when the map derives an ESDF from its stored layers."""
+        return self._esdf is not None
+
+    def esdf_bounds(self, update: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """The extent (min, max float64 [3] metres) of the ESDF and the known free space; raises
+        ``InvalidArgument`` when the map has no ESDF yet."""
+        return self._esdf_bounds(update)
+
     def _require(self, name: str):
         """The layer answering the public layer ``name`` (the ESDF's integrator for the ESDF)."""
         if name in self.layers:

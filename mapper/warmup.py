@@ -116,7 +116,7 @@ def _coarse_buckets(m, dev: torch.device) -> None:
     from .kernels.segments import brick_segments
 
     cells = {4.0 * m.voxel_size_m}
-    if m._free is not None:
+    if m.stored_layer("free") is not None:
         cells.add(4.0 * m.esdf_voxel_size_m)
     for n in (17, 32):
         o = torch.full((n, 3), 0.013, dtype=torch.float64, device=dev)
@@ -153,9 +153,10 @@ def _graph_captures(m) -> None:
     from . import graphs
     from .mesh import warm_graphs
 
-    if m._tsdf is not None and graphs.enabled(m.device):
+    tsdf = m.stored_layer("tsdf")
+    if tsdf is not None and graphs.enabled(m.device):
         with graphs.warming():
-            warm_graphs(m._tsdf)
+            warm_graphs(tsdf)
 
 
 def _run(config: dict, dev: torch.device, sizes) -> None:
@@ -186,7 +187,7 @@ def _run(config: dict, dev: torch.device, sizes) -> None:
         nq = 3 if k == 0 else 35
         q = torch.rand((nq, 3), generator=torch.Generator().manual_seed(k), dtype=torch.float32) * 4 - 2
         q = q.to(dev)
-        if m._esdf is not None:
+        if m.has_esdf:
             m.update_esdf()
             m.query_distance(q)
             m.esdf_slice(1.0, (-2.0, -2.0), (2.0, 2.0 + 0.3 * k))
@@ -200,7 +201,7 @@ def _run(config: dict, dev: torch.device, sizes) -> None:
         if "occupancy" in m.layers:
             m.query_occupancy(q)
     _coarse_buckets(m, dev)
-    if m._esdf is not None:
+    if m.has_esdf:
         _envelope_variants(dev)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

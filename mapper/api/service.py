@@ -740,10 +740,7 @@ def _lower_priority(nice: int) -> None:
 
 def _layers_of(m: Map):
     """The brick layers of a map (its pools), the ESDF's included."""
-    out = [la for _, la in m._brick_layers()]
-    if m._esdf is not None:
-        out.append(m._esdf.layer)
-    return out
+    return [la for _, la in m.brick_layers()]
 
 
 def _release_cached() -> None:

@@ -226,7 +226,7 @@ class MapWorker:
 
             def bounds(m):
                 try:
-                    lo, hi = m._esdf_bounds()
+                    lo, hi = m.esdf_bounds()
                 except InvalidArgument:  # no ESDF yet
                     return None
                 return lo.tolist(), hi.tolist()
