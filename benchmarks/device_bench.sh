@@ -45,7 +45,7 @@ B=benchmarks
 for step in "$@"; do
   M="$OUT/$step.md" J="$OUT/$step.json"
   case "$step" in
-    frame) run frame 140 python3 $B/bench_frame.py --device cuda --lidar-frames 500 --depth-frames 200 \
+    frame) run frame 120 python3 $B/bench_frame.py --device cuda --lidar-frames 500 --depth-frames 200 \
         --out "$M" --json "$J" ;;
     lidar)
       run lidar 110 python3 $B/bench_frame.py --device cuda --lidar-frames 500 \
