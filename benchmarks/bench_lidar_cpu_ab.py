@@ -55,7 +55,7 @@ def main(argv=None) -> None:
     ap.add_argument("--frames", type=int, default=3)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools")  # count_frame_ops
     res: dict[str, list[dict]] = {"base": [], "new": []}
     for r in range(a.rounds):
         for tag in ("base", "new") if r % 2 == 0 else ("new", "base"):

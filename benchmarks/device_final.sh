@@ -1,9 +1,11 @@
 #!/bin/bash
-# The coordinator's final H200 run of a merged main: the GPU-marked suite, then the named benchmarks/device_*.sh
-# scripts. Prepare here: `mkdir -p .gpu && git archive HEAD -o .gpu/main.tar && cp benchmarks/device_final.sh .gpu/final.sh`;
+# The coordinator's final H200 run of a merged main: the GPU-marked suite, then the named steps of
+# benchmarks/device_bench.sh (frame, lidar, depth, mesh, esdf, service, topology, ...: the list at its top).
+# Prepare here: `mkdir -p .gpu && git archive HEAD -o .gpu/main.tar && cp benchmarks/device_final.sh .gpu/final.sh`;
 # device `run` with carry [".whl", ".shdata", ".gpu"] (.whl = ../shared/tools/device-wheels.sh, .shdata/data = ../shared/data):
-#   SUITE_S=200 BENCHES="s3-frame:140 s3-service:150" ROOM_S=80 bash .gpu/final.sh
-# (a bench as NAME or NAME:SECONDS; ROOM_S > 0 also runs the 1000-frame room sequence of bench_esdf.py)
+#   SUITE_S=200 BENCHES="frame:140 service:150" ROOM_S=80 bash .gpu/final.sh
+# (a step as NAME or NAME:SECONDS, the whole step's limit; ROOM_S > 0 also runs the 1000-frame room sequence
+# of bench_esdf.py)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1
 mkdir -p /tmp/bin; command -v python >/dev/null || ln -sf "$(command -v python3)" /tmp/bin/python; export PATH=/tmp/bin:$PATH
 ROOT=$PWD; mkdir -p /tmp/m /tmp/o && tar -xf .gpu/main.tar -C /tmp/m
@@ -22,10 +24,10 @@ if [ "${ROOM_S:-0}" -gt 0 ]; then
     --room-seconds $ROOM_S --room-every 100 --warmup 3 --out /tmp/o/room/room_h200.md > /tmp/o/room/room.log 2>&1
   echo "[room] rc=$? in $(( $(date +%s) - s )) s" | tee -a /tmp/o/room/room.log
 fi
-for spec in ${BENCHES:-s3-frame s3-service}; do
+for spec in ${BENCHES:-frame service}; do
   b=${spec%%:*}; t=${spec#*:}; [ "$t" = "$spec" ] && t=${BENCH_S:-130}
   s=$(date +%s); mkdir -p /tmp/o/$b
-  OUT=/tmp/o/$b timeout $t bash benchmarks/device_$b.sh > /tmp/o/$b/log.txt 2>&1
+  OUT=/tmp/o/$b timeout $t bash benchmarks/device_bench.sh $b > /tmp/o/$b/log.txt 2>&1
   echo "[$b] rc=$? in $(( $(date +%s) - s )) s" | tee -a /tmp/o/$b/log.txt
 done
 tar -cf $OUT/final.tar -C /tmp/o .

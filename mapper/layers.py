@@ -27,6 +27,7 @@ from .grid import IndexGrid
 from .kernels import alloc
 from .kernels.alloc import brick_masks
 from .kernels.dispatch import compiled
+from .kernels.keys import unique_voxels
 from .kernels.topology import make_leaves
 from .kernels.transfer import host_to_device
 from .kernels.views import LayerView
@@ -496,8 +497,6 @@ class BrickLayer:
         bricks = tensors[f"{prefix}.bricks"].to(self.device, torch.int64)
         if bricks.shape[0] == 0:
             return
-        from .integrators.common import unique_voxels
-
         if unique_voxels(bricks).shape[0] != bricks.shape[0]:
             raise ValueError(f"{prefix}.bricks: duplicate bricks in the snapshot")
         slots = self.allocate(bricks)

@@ -1,7 +1,7 @@
 """Host syncs of a steady-state frame on the GPU (issue 12): counted as CUDA reports them
 (``torch.cuda.set_sync_debug_mode("warn")``), per frame after a warm-up, inputs as the service passes them
 (points / depth on the device, pose and intrinsics on the host). The bound per case is what the frame path
-needs now (NOTES.md "Frame path, session 4"); a change that adds a sync fails here, naming its line."""
+needs now (NOTES.md, "Frame path"); a change that adds a sync fails here, naming its line."""
 
 from __future__ import annotations
 

@@ -104,3 +104,24 @@ def test_mesh_edge_and_block_keys_use_the_documented_layouts():
     blocks = torch.tensor([[-3, 4, 5], [2**18, -(2**18), 0]])
     assert torch.equal(mesh.block_keys(blocks), K.voxel_keys(blocks))
     assert torch.equal(mesh.decode_block_keys(mesh.block_keys(blocks)), blocks)
+
+
+@pytest.mark.parametrize(
+    "max_dense_cells, far", [(1 << 26, False), (0, False), (1 << 26, True)], ids=["bitmap", "sort", "wide"]
+)
+def test_unique_voxels_equals_a_python_set_in_key_order(max_dense_cells, far):
+    """Every path (dense bitmap over the box, key sort, the sort for a box over the bitmap's size) gives the
+    distinct rows in i-major order, as a plain Python set sorted by coordinates; the old import path
+    (integrators.common) is the same function."""
+    from mapper.integrators.common import unique_voxels as via_common
+
+    g = torch.Generator().manual_seed(3)
+    ijk = torch.randint(-40, 40, (3000, 3), generator=g)
+    if far:
+        ijk = torch.cat((ijk, torch.tensor([[-(2**19), 5, 2**19 - 1]])))
+    ijk = torch.cat((ijk, ijk[:500]))  # duplicates
+    got = K.unique_voxels(ijk, max_dense_cells=max_dense_cells)
+    assert got.dtype == torch.int64 and got.shape[1] == 3
+    assert got.tolist() == [list(r) for r in sorted({tuple(r) for r in ijk.tolist()})]
+    assert K.unique_voxels(ijk[:0]).shape == (0, 3)
+    assert via_common is K.unique_voxels

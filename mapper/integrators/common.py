@@ -13,12 +13,13 @@ from .._validation import as_tensor, check_pinhole
 from ..errors import InvalidArgument, InvalidArgumentType
 from ..kernels.chunks import row_slices
 from ..kernels.dda import dda  # noqa: F401 (re-exported: the integrators' traversal)
-from ..kernels.keys import (  # noqa: F401 (re-exported: the integrators' keys)
+from ..kernels.keys import (  # noqa: F401 (re-exported: the integrators' keys, unique_voxels)
     VOXEL_KEY_BIAS,
     VOXEL_KEY_BITS,
     VOXEL_KEY_LIMIT,
     in_key_range,
     keys_to_ijk,
+    unique_voxels,
     voxel_keys,
 )
 from ..kernels.transfer import host_to_device  # noqa: F401 (re-exported: map.py)
@@ -96,30 +97,6 @@ def check_color(name: str, color, shape: tuple[int, int], device: torch.device) 
     if tuple(t.shape) != (shape[0], shape[1], 3):
         raise InvalidArgument(f"{name}: expected shape [{shape[0]}, {shape[1]}, 3], got {list(t.shape)}")
     return t.to(device)
-
-
-def unique_voxels(ijk: torch.Tensor, max_dense_cells: int = 1 << 26) -> torch.Tensor:
-    """Sorted-by-key unique rows of int64 ``[M, 3]`` voxel/brick coordinates.
-
-    When the set's bounding box is small (``<= max_dense_cells`` cells) the de-duplication scatters
-    into a dense bitmap over the box (linear time); otherwise it sorts keys.
-    """
-    if ijk.shape[0] == 0:
-        return ijk.reshape(0, 3)
-    lo = ijk.min(dim=0).values
-    ext = ijk.max(dim=0).values - lo + 1
-    e0, e1, e2 = ext.tolist()  # one sync for the box
-    n_cells = e0 * e1 * e2
-    if n_cells <= max_dense_cells:
-        rel = ijk - lo
-        flat = (rel[:, 0] * e1 + rel[:, 1]) * e2 + rel[:, 2]
-        seen = torch.zeros(n_cells, dtype=torch.bool, device=ijk.device)
-        seen[flat] = True
-        idx = seen.nonzero().squeeze(1)
-        a = idx // (e1 * e2)
-        r = idx % (e1 * e2)
-        return torch.stack((a, r // e2, r % e2), dim=1) + lo
-    return keys_to_ijk(torch.unique(voxel_keys(ijk)))
 
 
 def aggregate(ijk: torch.Tensor, values: torch.Tensor, weights: torch.Tensor | None = None):

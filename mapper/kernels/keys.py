@@ -120,6 +120,30 @@ def keys_to_ijk(keys: torch.Tensor) -> torch.Tensor:
     return torch.stack(((keys >> (2 * b)) & m, (keys >> b) & m, keys & m), dim=1) - VOXEL_KEY_BIAS
 
 
+def unique_voxels(ijk: torch.Tensor, max_dense_cells: int = 1 << 26) -> torch.Tensor:
+    """Sorted-by-key unique rows of int64 ``[M, 3]`` voxel/brick coordinates.
+
+    When the set's bounding box is small (``<= max_dense_cells`` cells) the de-duplication scatters
+    into a dense bitmap over the box (linear time); otherwise it sorts keys.
+    """
+    if ijk.shape[0] == 0:
+        return ijk.reshape(0, 3)
+    lo = ijk.min(dim=0).values
+    ext = ijk.max(dim=0).values - lo + 1
+    e0, e1, e2 = ext.tolist()  # one sync for the box
+    n_cells = e0 * e1 * e2
+    if n_cells <= max_dense_cells:
+        rel = ijk - lo
+        flat = (rel[:, 0] * e1 + rel[:, 1]) * e2 + rel[:, 2]
+        seen = torch.zeros(n_cells, dtype=torch.bool, device=ijk.device)
+        seen[flat] = True
+        idx = seen.nonzero().squeeze(1)
+        a = idx // (e1 * e2)
+        r = idx % (e1 * e2)
+        return torch.stack((a, r // e2, r % e2), dim=1) + lo
+    return keys_to_ijk(torch.unique(voxel_keys(ijk)))
+
+
 def in_key_range(ijk: torch.Tensor) -> torch.Tensor:
     """bool ``[M]``: voxel coordinates ``[M, 3]`` inside the map's range ``[-COORD_LIMIT_VOX,
     COORD_LIMIT_VOX)`` on every axis."""

@@ -22,6 +22,24 @@ def _axis_setup(o, d, t0, cell):
     return v.to(tl.int64), tm, td, st
 
 
+@triton.jit
+def _dda_step(vx, vy, vz, tmx, tmy, tmz, sx, sy, sz, tdx, tdy, tdz):
+    """One traversal step, shared by every DDA walk (voxel DDA, depth grow, coarse and fine segment walks):
+    cross the nearest axis boundary (``dda_torch``'s tie order: x, then y, then z), returning the new cell
+    ``(vx, vy, vz)``, the axes' next crossings ``(tmx, tmy, tmz)`` and ``t``, the new cell's entry."""
+    mx = (tmx <= tmy) & (tmx <= tmz)
+    my = (~mx) & (tmy <= tmz)
+    mz = (~mx) & (~my)
+    t = tl.minimum(tl.minimum(tmx, tmy), tmz)
+    vx += tl.where(mx, sx, 0)
+    vy += tl.where(my, sy, 0)
+    vz += tl.where(mz, sz, 0)
+    tmx += tl.where(mx, tdx, 0.0)
+    tmy += tl.where(my, tdy, 0.0)
+    tmz += tl.where(mz, tdz, 0.0)
+    return vx, vy, vz, tmx, tmy, tmz, t
+
+
 @triton.jit(do_not_specialize=["n"])  # sizes vary per frame: no recompiles
 def _dda_kernel(
     o_ptr,
@@ -63,16 +81,7 @@ def _dda_kernel(
         tl.store(tent_ptr + base, t, mask=mk)
         ok = (t < t1) | ((t0 <= t1) & (k == 0))
         tl.store(valid_ptr + base, ok.to(tl.int8), mask=mk)
-        mx = (tmx <= tmy) & (tmx <= tmz)
-        my = (~mx) & (tmy <= tmz)
-        mz = (~mx) & (~my)
-        t = tl.minimum(tl.minimum(tmx, tmy), tmz)
-        vx += tl.where(mx, sx, 0)
-        vy += tl.where(my, sy, 0)
-        vz += tl.where(mz, sz, 0)
-        tmx += tl.where(mx, tdx, 0.0)
-        tmy += tl.where(my, tdy, 0.0)
-        tmz += tl.where(mz, tdz, 0.0)
+        vx, vy, vz, tmx, tmy, tmz, t = _dda_step(vx, vy, vz, tmx, tmy, tmz, sx, sy, sz, tdx, tdy, tdz)
 
 
 def dda_kernel_launch(origins, dirs, t0, t1, cell: float, max_steps: int):

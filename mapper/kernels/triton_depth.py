@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .keys import BRICK_HI, BRICK_LO, VOXEL_KEY_BIAS, VOXEL_KEY_BITS, VOXEL_KEY_MASK
-from .triton_dda import _axis_setup  # the same per-axis DDA set-up as the voxel traversal
+from .triton_dda import _axis_setup, _dda_step  # the voxel traversal's set-up and step
 
 _BLOCK = 128
 _PROBES = 32  # linear probes per key before a pixel counts as overflowing (load factor <= 1/4: rare)
@@ -113,16 +113,7 @@ def _band_insert_kernel(
             p += 1
         lost += todo.to(tl.int64)
         # next cell (dda_torch's step: x, then y, then z on ties)
-        mx = (tmx <= tmy) & (tmx <= tmz)
-        my = (~mx) & (tmy <= tmz)
-        mz = (~mx) & (~my)
-        t = tl.minimum(tl.minimum(tmx, tmy), tmz)
-        vx += tl.where(mx, sx, 0)
-        vy += tl.where(my, sy, 0)
-        vz += tl.where(mz, sz, 0)
-        tmx += tl.where(mx, tdx, 0.0)
-        tmy += tl.where(my, tdy, 0.0)
-        tmz += tl.where(mz, tdz, 0.0)
+        vx, vy, vz, tmx, tmy, tmz, t = _dda_step(vx, vy, vz, tmx, tmy, tmz, sx, sy, sz, tdx, tdy, tdz)
     tl.atomic_add(stats_ptr, tl.sum(inserted, axis=0))
     tl.atomic_add(stats_ptr + 1, tl.sum(lost, axis=0))
 

@@ -29,7 +29,7 @@ from .keys import BRICK_HI, BRICK_LO
 from .keys import VOXEL_KEY_BIAS as KEY_BIAS
 from .keys import VOXEL_KEY_BITS as KEY_BITS
 from .segments import BAND, MISS, WALK_STEPS
-from .triton_dda import _axis_setup  # the same per-axis DDA set-up as the voxel traversal
+from .triton_dda import _axis_setup, _dda_step  # the voxel traversal's set-up and step
 
 _INF = tl.constexpr(float("inf"))
 _BLOCK_COARSE = 128  # 68 registers, no spills
@@ -83,16 +83,7 @@ def _coarse_kernel(
         key = tl.where(ok & inr, key, -1)
         tl.store(seg_key_ptr + start + k, key, mask=w)
         tl.store(seg_ray_ptr + start + k, tl.where(ok, r, -1).to(tl.int32), mask=w)
-        mx = (tmx <= tmy) & (tmx <= tmz)
-        my = (~mx) & (tmy <= tmz)
-        mz = (~mx) & (~my)
-        t = tl.minimum(tl.minimum(tmx, tmy), tmz)
-        vx += tl.where(mx, sx, 0)
-        vy += tl.where(my, sy, 0)
-        vz += tl.where(mz, sz, 0)
-        tmx += tl.where(mx, tdx, 0.0)
-        tmy += tl.where(my, tdy, 0.0)
-        tmz += tl.where(mz, tdz, 0.0)
+        vx, vy, vz, tmx, tmy, tmz, t = _dda_step(vx, vy, vz, tmx, tmy, tmz, sx, sy, sz, tdx, tdy, tdz)
 
 
 def brick_segments_triton(origins, dirs, t0, t1, cell: float, max_rows: int | None = None):
@@ -334,16 +325,7 @@ def _walk_kernel(
             tl.atomic_add(out_a + idx, val * wt, mask=keep, sem="relaxed")
             tl.atomic_add(out_b + idx, wt, mask=keep, sem="relaxed")
         if k < STEPS - 1:
-            mx = (tmx <= tmy) & (tmx <= tmz)
-            my = (~mx) & (tmy <= tmz)
-            mz = (~mx) & (~my)
-            t = tl.minimum(tl.minimum(tmx, tmy), tmz)
-            vx += tl.where(mx, sx, 0)
-            vy += tl.where(my, sy, 0)
-            vz += tl.where(mz, sz, 0)
-            tmx += tl.where(mx, tdx, 0.0)
-            tmy += tl.where(my, tdy, 0.0)
-            tmz += tl.where(mz, tdz, 0.0)
+            vx, vy, vz, tmx, tmy, tmz, t = _dda_step(vx, vy, vz, tmx, tmy, tmz, sx, sy, sz, tdx, tdy, tdz)
 
 
 def walk_segments_triton(

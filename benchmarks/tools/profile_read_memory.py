@@ -1,7 +1,7 @@
 """Peak working memory (glibc heap bytes in use above the resting heap) of each request kind of the soak
 (benchmarks/soak_service.py), in process on the CPU, on the soak's maps (norlab scans, 0.2 m, tsdf+esdf).
 
-    python benchmarks/profile_read_memory.py [--out benchmarks/results/read_memory_cpu.md]
+    python benchmarks/tools/profile_read_memory.py [--out benchmarks/results/read_memory_cpu.md]
 
 A thread samples ``mallinfo2`` every ~1 ms while one operation runs alone (torch releases the GIL); the
 peak minus the heap in use before it is the operation's working set. It is what the service's read
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench_service import hardware  # noqa: E402
 from soak_service import DEFAULT_DATA  # noqa: E402
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         "",
         f"- date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
         f"- hardware: {hardware()}",
-        f"- command: `python benchmarks/profile_read_memory.py {' '.join(sys.argv[1:] if argv is None else argv)}`",  # noqa: E501
+        f"- command: `python benchmarks/tools/profile_read_memory.py {' '.join(sys.argv[1:] if argv is None else argv)}`",  # noqa: E501
         f"- map: 4 norlab scans, {args.points} points each, voxel {args.voxel} m, tsdf+esdf; {tsdf_vox} TSDF "
         f"voxels; heap in use at rest {memory.heap_info()['in_use'] / 2**20:.0f} MiB",
         f"- peak = max over {args.repeat} runs of (glibc heap in use, sampled every ~1 ms) - (in use before)",

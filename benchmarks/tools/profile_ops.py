@@ -1,18 +1,22 @@
 """Kernel-level profile of the grid operators on the GPU (torch.profiler), for finding where time goes.
 
-python benchmarks/profile_ops.py --sizes 1e8 5e8 --ops dilate prune
+python benchmarks/tools/profile_ops.py --sizes 1e8 5e8 --ops dilate prune
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
-from bench_topology import HALF_WIDTH, radius_for
 from torch.profiler import ProfilerActivity, profile
 
-from mapper.synthetic import narrow_band_shell, voxel_phi
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_topology
+from bench_topology import HALF_WIDTH, radius_for  # noqa: E402
+
+from mapper.synthetic import narrow_band_shell, voxel_phi  # noqa: E402
 
 
 def profile_size(n: float, names: list[str], rows: int) -> None:

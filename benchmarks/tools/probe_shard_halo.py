@@ -4,7 +4,7 @@ tile t owned by shard t mod K) it compares, at every voxel of each shard's own t
 weight), and at random points of its tiles the ESDF distance and observed flag, with one unsharded map fed
 the same frames. Writes a markdown table.
 
-    python benchmarks/probe_shard_halo.py --out benchmarks/results/shard_halo_cpu.md
+    python benchmarks/tools/probe_shard_halo.py --out benchmarks/results/shard_halo_cpu.md
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from test_service_helpers import scan  # noqa: E402
 

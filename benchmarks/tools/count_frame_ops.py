@@ -6,7 +6,7 @@ glue and the same Triton launches as on CUDA) and counts, per stage of the map's
 dispatched (a ``TorchDispatchMode``; what a Triton launch does inside the interpreter is not counted) and
 the Triton launches. ``--torch`` counts the CPU reference path instead.
 
-  MAPPER_KERNELS=triton TRITON_INTERPRET=1 python benchmarks/count_frame_ops.py --voxel 0.1
+  MAPPER_KERNELS=triton TRITON_INTERPRET=1 python benchmarks/tools/count_frame_ops.py --voxel 0.1
 """
 
 from __future__ import annotations

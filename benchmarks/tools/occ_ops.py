@@ -9,7 +9,7 @@ launches, and ``tests/sync_count.SyncCounter`` the calls that sync on CUDA. ``--
 CPU path (the torch references) instead.
 
 Run it against two trees for a before/after (the script itself from either):
-  PYTHONPATH=<tree> python benchmarks/occ_ops.py --label new --out r.md
+  PYTHONPATH=<tree> python benchmarks/tools/occ_ops.py --label new --out r.md
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ os.environ["MAPPER_KERNELS"] = args.kernels
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from sync_count import SyncCounter  # noqa: E402
 
 from mapper import Map, sim  # noqa: E402

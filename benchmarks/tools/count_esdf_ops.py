@@ -4,7 +4,7 @@ LiDAR frame (issue 12: the frame path is host-bound, so the op count is what to 
 
 ``--emulate-cuda`` (default on) runs the CUDA code path's choices on the CPU: dense brick sets, one chunk
 per pass, the prefix-count nearest-crossing form, and the 1-D envelope pass counted as one op (a Triton
-launch there). Run: ``python benchmarks/count_esdf_ops.py --voxel 0.1 --beams 64``.
+launch there). Run: ``python benchmarks/tools/count_esdf_ops.py --voxel 0.1 --beams 64``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from sync_count import SyncCounter  # noqa: E402
 
 from mapper import Map, sim  # noqa: E402

@@ -1,7 +1,7 @@
 """Where a frame's time goes in the integrators on the GPU: per-stage ms, CUDA kernel launches, host
 syncs (device-to-host copies) and the top kernels, from torch.profiler over a few frames.
 
-python benchmarks/profile_integrators.py --cases lidar-tsdf:0.1 lidar-occupancy:0.1 depth-tsdf:0.005
+python benchmarks/tools/profile_integrators.py --cases lidar-tsdf:0.1 lidar-occupancy:0.1 depth-tsdf:0.005
 """
 
 from __future__ import annotations

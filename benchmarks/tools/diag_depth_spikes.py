@@ -5,7 +5,7 @@ Per frame: CUDA-event time, host time, the map's stages, valid pixels, and what 
 (keys, box cells, dense or sort path, bricks). Then the slow window replayed on a fresh map (data- or
 map-dependent?) and a torch.profiler summary of one slow and one normal frame (kernels, GPU busy, top ops).
 
-  python benchmarks/diag_depth_spikes.py --device cuda --frames 1000 --out r.md
+  python benchmarks/tools/diag_depth_spikes.py --device cuda --frames 1000 --out r.md
 """
 
 from __future__ import annotations

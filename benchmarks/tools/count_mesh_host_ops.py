@@ -2,7 +2,7 @@
 counted on the CPU: the replay is simulated (the graph function runs with counting off and counts as one
 op), so the ops a GPU host issues around the replay are what is counted (a TorchDispatchMode counter).
 
-    TRITON_INTERPRET=1 MAPPER_KERNELS=triton python benchmarks/count_mesh_host_ops.py
+    TRITON_INTERPRET=1 MAPPER_KERNELS=triton python benchmarks/tools/count_mesh_host_ops.py
 """
 
 import contextlib

@@ -7,7 +7,7 @@ Runs on a machine without a GPU: ``MAPPER_KERNELS=triton`` with ``TRITON_INTERPR
 the Triton path (each launch counted once; the interpreter's own tensor copies are not counted), on a
 40x30 frame (one row chunk, as on CUDA; the counts do not depend on the image size).
 
-Usage: TRITON_INTERPRET=1 MAPPER_KERNELS=triton python benchmarks/count_depth_ops.py --out r.md
+Usage: TRITON_INTERPRET=1 MAPPER_KERNELS=triton python benchmarks/tools/count_depth_ops.py --out r.md
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def main() -> None:
             "",
             f"- date: {_dt.datetime.now(_dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
             f"- hardware: {platform.machine()} CPU (no GPU: Triton interpreter); torch {torch.__version__}",
-            "- command: `TRITON_INTERPRET=1 MAPPER_KERNELS=triton python benchmarks/count_depth_ops.py"
+            "- command: `TRITON_INTERPRET=1 MAPPER_KERNELS=triton python benchmarks/tools/count_depth_ops.py"
             f" --voxel {args.voxel}` (40x30 frame of sim.depth_sequence, frame 1 after frame 0)",
             "- columns: aten ops that launch work (views/allocations excluded) | Triton launches | host reads"
             " among them (`_local_scalar_dense`, `nonzero`, ...) | most frequent ops | Triton kernels",
