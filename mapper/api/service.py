@@ -196,9 +196,10 @@ class MapEntry:
         the growth bound (``mapper.budget``, on the published view). Raises the library's errors (4xx)."""
         msg = wire.unpackb(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
         frame = wire.parse_frame(msg, self.service.limits)
+        view = self.view
+        wire.check_usable(frame, view.max_range_m, view.coordinate_limit_m)  # 422: nothing to integrate
         if frame.T_world_sensor is None:
             return Prepared(frame, None, None)
-        view = self.view
         check_translation(
             "T_world_sensor",
             frame.T_world_sensor[:3, 3].tolist(),
