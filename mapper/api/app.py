@@ -10,7 +10,10 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request  # module level: the docs routes' annotations resolve here
+from starlette.requests import (
+    ClientDisconnect,
+    Request,  # module level: the docs routes' annotations resolve here
+)
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__
@@ -171,6 +174,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(MapperError, errors.mapper_error_handler)
     app.add_exception_handler(RequestValidationError, errors.validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, errors.http_error_handler)
+    app.add_exception_handler(ClientDisconnect, errors.client_disconnect_handler)
+    app.add_exception_handler(OSError, errors.os_error_handler)
     app.add_exception_handler(Exception, errors.internal_error_handler)
     for r in (maps.router, frames.router, queries.router, health.router):
         app.include_router(r)
