@@ -100,6 +100,15 @@ class HttpMetrics:
 DOCS_STATIC = "/docs-static"
 
 
+def _token_query(request: Request) -> str:
+    """``?token=...`` when the page was opened with one (a browser cannot send a bearer header): the page
+    then loads ``/openapi.json`` with it (the docs need a read token once tokens are set, ``AuthGate``)."""
+    from urllib.parse import quote
+
+    token = request.query_params.get("token")
+    return f"?token={quote(token, safe='')}" if token else ""
+
+
 def _offline_docs(app: FastAPI) -> None:
     """``/docs`` (Swagger UI) and ``/redoc`` with their scripts and styles served by the app itself from
     the assets packaged in ``fastapi-offline``, so the pages work without internet access."""
@@ -116,7 +125,7 @@ def _offline_docs(app: FastAPI) -> None:
     async def swagger_ui(request: Request):
         root = request.scope.get("root_path", "")
         return get_swagger_ui_html(
-            openapi_url=f"{root}{app.openapi_url}",
+            openapi_url=f"{root}{app.openapi_url}{_token_query(request)}",
             title=f"{app.title} - Swagger UI",
             oauth2_redirect_url=f"{root}/docs/oauth2-redirect",
             swagger_js_url=f"{root}{DOCS_STATIC}/swagger-ui-bundle.js",
@@ -132,7 +141,7 @@ def _offline_docs(app: FastAPI) -> None:
     async def redoc(request: Request):
         root = request.scope.get("root_path", "")
         return get_redoc_html(
-            openapi_url=f"{root}{app.openapi_url}",
+            openapi_url=f"{root}{app.openapi_url}{_token_query(request)}",
             title=f"{app.title} - ReDoc",
             redoc_js_url=f"{root}{DOCS_STATIC}/redoc.standalone.js",
             redoc_favicon_url=f"{root}{DOCS_STATIC}/favicon.png",
