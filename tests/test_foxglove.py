@@ -226,7 +226,8 @@ def test_foxglove_port_needs_a_token_and_speaks_both_subprotocols(tmp_path):
 
         def refused(status: int, **kw) -> None:
             with pytest.raises(InvalidStatus) as e:
-                connect(kw.pop("u", url), open_timeout=30, **kw).close()
+                with connect(kw.pop("u", url), open_timeout=30, **kw):
+                    pass
             assert e.value.response.status_code == status, e.value.response
             assert b"secret-lab" not in (e.value.response.body or b"")
 

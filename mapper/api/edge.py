@@ -36,6 +36,7 @@ from .errors import EDGE_CLOSED
 log = logging.getLogger("mapper.api.edge")
 
 REFUSED_LINGER_S = 0.5  # a refused connection waits this long for its request before it is closed
+MAX_LINGERING = 64  # beyond this many refused connections waiting at once, refuse and close at once
 
 
 class EdgeGuard:
@@ -59,11 +60,18 @@ class EdgeGuard:
         self.metrics = metrics
         self.open: dict[asyncio.BaseTransport, str] = {}
         self.per_client: collections.Counter[str] = collections.Counter()
+        # connections handed to the WebSocket protocol: their end is not reported here, so they are
+        # released when found closed (at each admission)
+        self.upgraded: set[asyncio.BaseTransport] = set()
+        self.lingering = 0  # refused connections waiting for their request
 
     def admit(self, transport: asyncio.BaseTransport, host: str) -> tuple[int, str, str] | None:
         """Count a new connection, or return ``(status, reason, detail)`` when a cap refuses it."""
+        for t in [t for t in self.upgraded if t.is_closing()]:
+            self.upgraded.discard(t)
+            self.release(t)
         if self._full(host):
-            self._sweep()  # connections handed to the WebSocket protocol end without telling us
+            self._sweep()
         if self.max_total and len(self.open) >= self.max_total:
             return 503, "total", f"the server holds {len(self.open)} connections (MAPPER_MAX_CONNECTIONS)"
         if self.max_per_client and self.per_client[host] >= self.max_per_client:
@@ -97,6 +105,7 @@ class EdgeGuard:
 
     def _sweep(self) -> None:
         for t in [t for t in self.open if t.is_closing()]:
+            self.upgraded.discard(t)
             self.release(t)
 
     def _gauge(self) -> None:
@@ -158,7 +167,8 @@ def http_protocol(guard: EdgeGuard):
             self._edge_cancel()
             super().on_headers_complete()
             if self.parser.should_upgrade() and getattr(self, "_should_upgrade", lambda: True)():
-                return  # a WebSocket: its protocol takes the connection over
+                self.edge.upgraded.add(self.transport)  # a WebSocket: its protocol takes the connection
+                return
             now = self.loop.time()
             self._edge_body = [now, 0, now]
             self._edge_arm(self.edge.body_timeout_s, self._edge_body_check)
@@ -189,7 +199,16 @@ def http_protocol(guard: EdgeGuard):
             self.edge.closed(reason)
             log.warning("refused a connection from %s: %s", self.client[0] if self.client else "?", detail)
             self.transport.write(_raw_response(status, "too_many_connections", detail, b"retry-after: 1\r\n"))
-            self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
+            if self.edge.lingering >= MAX_LINGERING:  # a flood: no descriptor held for it
+                self.transport.close()
+                return
+            self.edge.lingering += 1
+
+            def close() -> None:
+                self.edge.lingering -= 1
+                self.transport.close()
+
+            self.loop.call_later(REFUSED_LINGER_S, close)
 
         def _edge_headers_late(self) -> None:
             self._edge_timer = None
