@@ -4,7 +4,9 @@
 WAL in an object store, ``MAPPER_S3_ENDPOINT_URL`` for MinIO), ``MAPPER_DEVICE`` (``auto`` = CUDA when
 available), ``MAPPER_API_TOKENS`` (comma-separated bearer tokens with full access), ``MAPPER_READ_TOKENS``
 (read-only tokens), ``MAPPER_METRICS_TOKEN`` (a bearer token for ``/metrics`` only), limits
-(``MAPPER_MAX_BODY_BYTES``, ``MAPPER_MAX_POSE_TRANSLATION_M``, ...), ``MAPPER_SNAPSHOT_INTERVAL_S``, the
+(``MAPPER_MAX_BODY_BYTES``, ``MAPPER_MAX_POSE_TRANSLATION_M``, ...), the connection edge
+(``MAPPER_HEADER_TIMEOUT_S``, ``MAPPER_BODY_TIMEOUT_S``, ``MAPPER_MAX_CONNECTIONS[_PER_CLIENT]``, ...;
+``mapper.api.edge``), ``MAPPER_SNAPSHOT_INTERVAL_S``, the
 default map parameters and ``MAPPER_SHUTDOWN_GRACE_S``. ``mapper serve`` reads them; its flags override them.
 """
 

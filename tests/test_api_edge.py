@@ -166,7 +166,7 @@ def test_connection_caps(srv):
         extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         out, dt = read_until_closed(extra)
         assert out.startswith(b"HTTP/1.1 429") and b"MAPPER_MAX_CONNECTIONS_PER_CLIENT" in out, out
-        assert dt < 1.0 + 0.5  # refused at once (it lingers only for its request)
+        assert dt < 3.0  # refused at once (it lingers half a second for its request), no read timeout
         # another client is still served
         other = connect(srv, "127.0.0.2")
         other.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
