@@ -50,7 +50,7 @@ class EdgeGuard:
         self.max_per_client = settings.max_connections_per_client
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY and self.max_total and self.max_total > soft // 2:
-            log.warning(
+            log.info(
                 "MAPPER_MAX_CONNECTIONS=%d lowered to %d: half of the file descriptor limit (ulimit -n %d)",
                 self.max_total,
                 soft // 2,
