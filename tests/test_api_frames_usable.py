@@ -14,7 +14,7 @@ from mapper import wire
 CT = {"content-type": wire.MSGPACK}
 MAX_RANGE_M = 20.0
 VOXEL_M = 0.25
-COORD_LIMIT_M = (1 << 20) * VOXEL_M  # the map's key range (Map.coordinate_limit_m)
+COORD_LIMIT_M = (1 << 20) * VOXEL_M  # the key range: the map's limit is a few voxels inside it
 
 
 def lidar(points, T=None) -> bytes:
@@ -28,7 +28,7 @@ def depth_u16(raw, scale: float) -> bytes:
 def far_pose() -> np.ndarray:
     """A sensor inside the key range whose in-range returns (+x, 15 m) all land outside it."""
     T = np.eye(4)
-    T[0, 3] = COORD_LIMIT_M - 1.0
+    T[0, 3] = COORD_LIMIT_M - 10.0  # inside the map's range; x + 15 m is beyond even 2^20 voxels
     return T
 
 
