@@ -223,8 +223,13 @@ def cmd_serve(args) -> int:
         from .cluster.ingress import create_cluster_app
 
         app = create_cluster_app(settings, workers=args.ray_workers, address=args.ray or None)
+    from .api.edge import EdgeGuard, http_protocol
+
+    # read timeouts and connection caps (uvicorn has neither): the HTTP protocol of mapper.api.edge
+    edge = http_protocol(EdgeGuard(settings, getattr(app.state, "metrics", None)))
     uvicorn.run(
         app,
+        http=edge or "auto",
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),

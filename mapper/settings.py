@@ -4,7 +4,9 @@
 WAL in an object store, ``MAPPER_S3_ENDPOINT_URL`` for MinIO), ``MAPPER_DEVICE`` (``auto`` = CUDA when
 available), ``MAPPER_API_TOKENS`` (comma-separated bearer tokens with full access), ``MAPPER_READ_TOKENS``
 (read-only tokens), ``MAPPER_METRICS_TOKEN`` (a bearer token for ``/metrics`` only), limits
-(``MAPPER_MAX_BODY_BYTES``, ``MAPPER_MAX_POSE_TRANSLATION_M``, ...), ``MAPPER_SNAPSHOT_INTERVAL_S``, the
+(``MAPPER_MAX_BODY_BYTES``, ``MAPPER_MAX_POSE_TRANSLATION_M``, ...), the connection edge
+(``MAPPER_HEADER_TIMEOUT_S``, ``MAPPER_BODY_TIMEOUT_S``, ``MAPPER_MAX_CONNECTIONS[_PER_CLIENT]``, ...;
+``mapper.api.edge``), ``MAPPER_SNAPSHOT_INTERVAL_S``, the
 default map parameters and ``MAPPER_SHUTDOWN_GRACE_S``. ``mapper serve`` reads them; its flags override them.
 """
 
@@ -60,6 +62,16 @@ class Settings(BaseSettings):
     # permessage-deflate on WebSocket streams (off: LiDAR frames of float32 points shrink by ~8 % for a
     # zlib inflate of every frame on the event loop, ~10 ms per 1.4 MB frame; NOTES.md issue 13)
     ws_compression: bool = False
+    # the connection edge (mapper.api.edge, `mapper serve`): a request's headers must be complete within
+    # header_timeout_s of its first byte (of the connection for a new one); its body may pause at most
+    # body_timeout_s between reads and must average min_body_bytes_per_s after a first body_timeout_s
+    # (a slow-loris trickle is closed); connections beyond the caps are refused at once (per client IP:
+    # 429, in total: 503; 0 = no cap). Behind a proxy every client has the proxy's address: raise the cap.
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(30.0, gt=0)
+    min_body_bytes_per_s: int = Field(16 * KiB, ge=0)  # 0 = no rate floor (the pause limit alone)
+    max_connections: int = Field(1024, ge=0)  # also at most half the process's file descriptor limit
+    max_connections_per_client: int = Field(64, ge=0)
     max_pose_translation_m: float = Field(1e6, gt=0)  # per axis; also bounded by each map's key range
     # memory (bytes); unset = sized to the machine when the service starts (mapper/budget.py): all maps
     # together 50 % of RAM (60 % of GPU memory with CUDA), one map the same, one read RAM / 32

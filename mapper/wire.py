@@ -338,6 +338,42 @@ def _parse_depth(msg: dict, limits: Limits, ts, fid) -> DepthFrame:
     return DepthFrame(depth, K, T, color, scale, ts, fid)
 
 
+def check_usable(frame: Frame, max_range_m: float, coordinate_limit_m: float) -> None:
+    """Refuse (``InvalidArgument``, HTTP 422) a frame that would add nothing to a map with this
+    ``max_range_m`` and coordinate range (``Map.coordinate_limit_m``): no return is finite, farther than
+    1e-6 m from the sensor and within ``max_range_m`` (LiDAR: also, with a pose, inside the coordinate range;
+    depth: after ``depth_scale``). ``Map.integrate_*`` would acknowledge it with ``points_used`` 0; the
+    service checks this before the frame is logged, so such a frame never reaches the WAL."""
+    if isinstance(frame, LidarFrame):
+        xyz = frame.points[:, :3]
+        with np.errstate(over="ignore", invalid="ignore"):
+            sq = np.einsum("ij,ij->i", xyz, xyz)  # NaN and overflow (|p| ~ 1e20+) fail both comparisons
+        ok = (sq > 1e-12) & (sq <= max_range_m * max_range_m)
+        if not ok.any():
+            raise InvalidArgument(
+                f"points: no usable return: all {xyz.shape[0]} points are NaN, within 1e-6 m of the sensor "
+                f"or beyond the map's max_range_m of {max_range_m:g} m; nothing would be integrated"
+            )
+        T = frame.T_world_sensor
+        if T is not None and (np.abs(T[:3, 3]) + max_range_m > coordinate_limit_m).any():
+            w = xyz[ok].astype(np.float64) @ T[:3, :3].T + T[:3, 3]
+            if not (np.abs(w) <= coordinate_limit_m).all(axis=1).any():
+                raise InvalidArgument(
+                    f"points: no usable return: every point in range lies outside the map's coordinate "
+                    f"range of +-{coordinate_limit_m:g} m per axis; nothing would be integrated"
+                )
+        return
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        d = frame.depth_m
+        ok = (d > 0) & (d <= max_range_m)  # NaN and +-Inf fail one of the two
+    if not ok.any():
+        how = f" after depth_scale {frame.depth_scale:g}" if frame.depth_scale is not None else ""
+        raise InvalidArgument(
+            f"depth: no usable pixel: every depth{how} is 0, NaN, infinite or beyond the map's max_range_m "
+            f"of {max_range_m:g} m; nothing would be integrated"
+        )
+
+
 def check_intrinsics(obj, image_shape: tuple[int, int], name: str = "K") -> np.ndarray:
     """``[fx, fy, cx, cy]`` or a 3x3 pinhole matrix (no skew, last row ``[0, 0, 1]``) for an image of
     ``image_shape`` (H, W) -> float64 ``[4]`` or ``[3, 3]`` as sent; the field of view must be sane

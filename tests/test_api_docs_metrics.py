@@ -22,9 +22,9 @@ def _samples(text: str) -> dict[tuple, float]:
 
 
 def test_docs_pages_use_only_packaged_assets(tmp_path):
-    with client(tmp_path, api_tokens=[TOKEN]) as c:  # auth on: the docs need no token, like /metrics
+    with client(tmp_path, api_tokens=[TOKEN]) as c:  # auth on: the pages need a token (?token= in a browser)
         for page, assets in (("/docs", 2), ("/redoc", 1)):
-            r = c.get(page)
+            r = c.get(page, params={"token": TOKEN})
             assert r.status_code == 200 and "text/html" in r.headers["content-type"]
             srcs = re.findall(r'(?:src|href)="([^"]+)"', r.text)
             remote = [u for u in srcs if u.startswith(("http:", "https:", "//"))]
@@ -35,7 +35,7 @@ def test_docs_pages_use_only_packaged_assets(tmp_path):
                 a = c.get(u)
                 assert a.status_code == 200 and len(a.content) > 10_000, u  # the real bundle, not a stub
             assert "/openapi.json" in r.text
-        assert c.get("/openapi.json").status_code == 200
+        assert c.get("/openapi.json", headers={"authorization": f"Bearer {TOKEN}"}).status_code == 200
 
 
 def test_metrics_names_build_info_last_frame_and_icp(tmp_path):

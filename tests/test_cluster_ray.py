@@ -184,11 +184,12 @@ def test_maps_land_on_different_workers_and_answer_as_one_process(cluster, tmp_p
             c.get_map(a)
         assert e.value.status == 404
     assert a not in owner(url, b)["maps"]
-    spec = httpx.get(f"{url}/openapi.json", timeout=30).json()  # the API of mapper serve + the cluster's
+    auth = {"Authorization": f"Bearer {READ}"}  # the spec needs a read token once tokens are set
+    spec = httpx.get(f"{url}/openapi.json", headers=auth, timeout=30).json()  # mapper serve's + the cluster's
     for path in ("/v1/maps/{map_id}/frames", "/v1/maps/{map_id}/query/distance", "/v1/cluster"):
         assert path in spec["paths"], path
     assert "post" in spec["paths"]["/v1/maps/{map_id}/move"] and "post" in spec["paths"]["/v1/maps"]
-    assert httpx.get(f"{url}/docs", timeout=30).status_code == 200
+    assert httpx.get(f"{url}/docs", headers=auth, timeout=30).status_code == 200
     r = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {READ}"}, timeout=30)
     assert r.status_code == 200 and 'worker="w0"' in r.text and 'worker="w1"' in r.text
 

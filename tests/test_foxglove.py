@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from test_service_helpers import Server, frame_bytes, free_port, scan
+from test_service_helpers import READ_TOKEN, TOKEN, Server, frame_bytes, free_port, scan
 
 from mapper import Map, wire
 
@@ -205,3 +205,52 @@ def test_cli_export_mcap_offline_and_serve_flag(tmp_path):
     assert sum(len(e.triangles[0].indices) // 3 for e in update.entities) == m.mesh().num_faces
     assert not any(t == "/maps/lab/esdf_slice" for t, _, _ in msgs)  # no ESDF layer: no slice
     assert build_parser().parse_args(["serve", "--foxglove-port", "8765"]).foxglove_port == 8765
+
+
+def test_foxglove_port_needs_a_token_and_speaks_both_subprotocols(tmp_path):
+    """With tokens set, the Foxglove port refuses a handshake without a valid one (401, before any map name
+    is sent) and accepts a read token (``?token=`` or ``Authorization``); both subprotocol names work,
+    each answered as offered; a handshake offering neither is refused (400)."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    port = free_port()
+    env = dict(MAPPER_FOXGLOVE_PORT=port, MAPPER_API_TOKENS=TOKEN, MAPPER_READ_TOKENS=READ_TOKEN)
+    with Server(tmp_path / "data", tmp_path / "server.log", **env) as srv:
+        import httpx
+
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        r = httpx.post(srv.url + "/v1/maps", json={"name": "secret-lab", "voxel_size_m": 0.25}, headers=auth)
+        assert r.status_code == 201, r.text
+        url = f"ws://127.0.0.1:{port}"
+
+        def refused(status: int, **kw) -> None:
+            with pytest.raises(InvalidStatus) as e:
+                with connect(kw.pop("u", url), open_timeout=30, **kw):
+                    pass
+            assert e.value.response.status_code == status, e.value.response
+            assert b"secret-lab" not in (e.value.response.body or b"")
+
+        refused(401, subprotocols=["foxglove.sdk.v1"])
+        refused(401, u=url + "/?token=wrong", subprotocols=["foxglove.sdk.v1"])
+        refused(401, subprotocols=["foxglove.websocket.v1"], additional_headers={"Authorization": "Bearer x"})
+        refused(400, u=f"{url}/?token={READ_TOKEN}", subprotocols=["foxglove.v0"])
+
+        def topics(ws) -> set[str]:
+            seen, deadline = set(), time.monotonic() + 30
+            while "/maps/secret-lab/mesh" not in seen:
+                assert time.monotonic() < deadline, f"not advertised: {sorted(seen)}"
+                msg = ws.recv(timeout=30)
+                if isinstance(msg, str) and json.loads(msg)["op"] == "advertise":
+                    seen |= {ch["topic"] for ch in json.loads(msg)["channels"]}
+            return seen
+
+        for proto, kw in (
+            ("foxglove.websocket.v1", {"uri": f"{url}/?token={READ_TOKEN}"}),
+            ("foxglove.sdk.v1", {"uri": url, "additional_headers": {"Authorization": f"Bearer {TOKEN}"}}),
+        ):
+            with connect(kw.pop("uri"), subprotocols=[proto], open_timeout=30, **kw) as ws:
+                assert ws.subprotocol == proto
+                first = json.loads(ws.recv(timeout=30))
+                assert first["op"] == "serverInfo"
+                assert "/maps/secret-lab/mesh" in topics(ws)

@@ -10,7 +10,10 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request  # module level: the docs routes' annotations resolve here
+from starlette.requests import (
+    ClientDisconnect,
+    Request,  # module level: the docs routes' annotations resolve here
+)
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__
@@ -97,6 +100,15 @@ class HttpMetrics:
 DOCS_STATIC = "/docs-static"
 
 
+def _token_query(request: Request) -> str:
+    """``?token=...`` when the page was opened with one (a browser cannot send a bearer header): the page
+    then loads ``/openapi.json`` with it (the docs need a read token once tokens are set, ``AuthGate``)."""
+    from urllib.parse import quote
+
+    token = request.query_params.get("token")
+    return f"?token={quote(token, safe='')}" if token else ""
+
+
 def _offline_docs(app: FastAPI) -> None:
     """``/docs`` (Swagger UI) and ``/redoc`` with their scripts and styles served by the app itself from
     the assets packaged in ``fastapi-offline``, so the pages work without internet access."""
@@ -113,7 +125,7 @@ def _offline_docs(app: FastAPI) -> None:
     async def swagger_ui(request: Request):
         root = request.scope.get("root_path", "")
         return get_swagger_ui_html(
-            openapi_url=f"{root}{app.openapi_url}",
+            openapi_url=f"{root}{app.openapi_url}{_token_query(request)}",
             title=f"{app.title} - Swagger UI",
             oauth2_redirect_url=f"{root}/docs/oauth2-redirect",
             swagger_js_url=f"{root}{DOCS_STATIC}/swagger-ui-bundle.js",
@@ -129,7 +141,7 @@ def _offline_docs(app: FastAPI) -> None:
     async def redoc(request: Request):
         root = request.scope.get("root_path", "")
         return get_redoc_html(
-            openapi_url=f"{root}{app.openapi_url}",
+            openapi_url=f"{root}{app.openapi_url}{_token_query(request)}",
             title=f"{app.title} - ReDoc",
             redoc_js_url=f"{root}{DOCS_STATIC}/redoc.standalone.js",
             redoc_favicon_url=f"{root}{DOCS_STATIC}/favicon.png",
@@ -171,6 +183,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(MapperError, errors.mapper_error_handler)
     app.add_exception_handler(RequestValidationError, errors.validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, errors.http_error_handler)
+    app.add_exception_handler(ClientDisconnect, errors.client_disconnect_handler)
+    app.add_exception_handler(OSError, errors.os_error_handler)
     app.add_exception_handler(Exception, errors.internal_error_handler)
     for r in (maps.router, frames.router, queries.router, health.router):
         app.include_router(r)

@@ -57,12 +57,30 @@ def remote_client(scope: Scope) -> str | None:
     return None if is_loopback(host) else host
 
 
+# the API description and its pages: a read token once tokens are set (header, or ?token= for a browser)
+DOCS_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+
+
+def query_token(scope: Scope) -> str | None:
+    """The ``?token=`` query parameter (WebSocket clients and browsers cannot always send a header)."""
+    from urllib.parse import parse_qs
+
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token")
+    return values[0] if values else None
+
+
 def bearer(scope: Scope) -> str | None:
     for k, v in scope.get("headers", ()):
         if k == b"authorization":
             value = v.decode("latin-1")
             return value[7:].strip() if value.lower().startswith("bearer ") else None
     return None
+
+
+def app_path(scope: Scope) -> str:
+    """The request path inside the app (without its ``root_path``)."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 class AuthGate:
@@ -96,6 +114,9 @@ class AuthGate:
                 )
         if scope["type"] != "http":
             return  # the WebSocket route checks its token (header or ?token=) before accepting
+        if app_path(scope) in DOCS_PATHS:
+            deps.check_token(s, bearer(scope) or query_token(scope), write=False)
+            return
         level = self._level(scope)
         if level == "metrics":
             deps.check_metrics_token(s, bearer(scope))
@@ -105,9 +126,7 @@ class AuthGate:
     def _level(self, scope: Scope) -> str | None:
         if self._table is None:  # built at the first request: every route is registered by then
             self._table = route_table(scope["app"].router.routes)
-        path, method, root = scope.get("path", ""), scope.get("method", ""), scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root) :]
+        path, method = app_path(scope), scope.get("method", "")
         for regex, methods, level in self._table:
             if regex.match(path) and (not methods or method in methods):
                 return level

@@ -5,12 +5,13 @@ Every error body is ``{"type": <snake_case name>, "detail": <message>}``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import (
@@ -114,6 +115,39 @@ async def http_error_handler(request: Request, exc: StarletteHTTPException) -> J
         status_code=exc.status_code,
         headers=getattr(exc, "headers", None),
     )
+
+
+# a request whose client went away before its body was read: nginx's 499 in the metrics (never a 5xx)
+CLIENT_CLOSED = 499
+# the scope key the connection edge (mapper.api.edge) sets when it closed a request's connection itself
+EDGE_CLOSED = "mapper.edge_closed"
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+async def client_disconnect_handler(request: Request, exc: Exception) -> Response:
+    """Starlette's ``ClientDisconnect`` (the connection closed while the body was being read): one log
+    line, no traceback, and status 499 for the metrics (408 when the server closed it for a read timeout,
+    ``mapper.api.edge``). The response itself goes nowhere: the connection is gone."""
+    why = request.scope.get(EDGE_CLOSED)
+    code = 408 if why else CLIENT_CLOSED
+    log.info(
+        "%s %s: %s (%d)",
+        request.method,
+        request.url.path,
+        f"closed by the server: {why}" if why else "the client disconnected before its body was read",
+        code,
+    )
+    return Response(status_code=code)
+
+
+async def os_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """A full disk (ENOSPC/EDQUOT, e.g. while writing a snapshot) is 507 ``insufficient_storage`` with one
+    log line; any other ``OSError`` is an internal error."""
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+        log.warning("%s %s: disk full (%s)", request.method, request.url.path, exc)
+        detail = f"disk full: {exc.strerror or exc}; free space in the data directory and retry"
+        return JSONResponse({"type": "insufficient_storage", "detail": detail}, status_code=507)
+    return await internal_error_handler(request, exc)
 
 
 async def internal_error_handler(request: Request, exc: Exception) -> JSONResponse:

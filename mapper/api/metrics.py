@@ -130,6 +130,14 @@ class Metrics:
         self.layer_bytes = per_map(Gauge, "mapper_layer_bytes", "Bytes per layer", ["layer"])
         self.maps = Gauge("mapper_maps", "Maps served", registry=r)
         self.ws_connections = Gauge("mapper_ws_connections", "Open WebSocket streams", registry=r)
+        # the connection edge (mapper.api.edge): caps and read timeouts
+        self.connections = Gauge("mapper_connections", "Open client connections", registry=r)
+        self.edge_closed = Counter(
+            "mapper_connections_closed_total",
+            "Connections refused or closed by the edge (per_client, total, header_timeout, body_timeout)",
+            ["reason"],
+            registry=r,
+        )
         # memory bounds (README "Limits and memory budgets")
         self.map_memory = per_map(Gauge, "mapper_map_memory_bytes", "Bytes a map's layers hold")
         self.map_budget = per_map(Gauge, "mapper_map_memory_budget_bytes", "A map's memory budget")

@@ -192,19 +192,22 @@ class MapEntry:
     def prepare(self, data: bytes | dict) -> Prepared:
         """Any thread but the event loop's and the writer's (the route's decode thread): a frame message
         (msgpack bytes or a decoded dict) -> a ``Prepared`` frame. The one validation of the frame
-        (``wire.parse_frame``), the pose's range check against the map, the WAL record (posed frames) and
+        (``wire.parse_frame``), the pose's range check against the map, that it adds something
+        (``wire.check_usable``), the WAL record (posed frames) and
         the growth bound (``mapper.budget``, on the published view). Raises the library's errors (4xx)."""
         msg = wire.unpackb(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
         frame = wire.parse_frame(msg, self.service.limits)
+        view = self.view
+        if frame.T_world_sensor is not None:
+            check_translation(
+                "T_world_sensor",
+                frame.T_world_sensor[:3, 3].tolist(),
+                view.coordinate_limit_m,
+                f"the map's coordinate range: 2^20 voxels of {view.voxel_size_m:g} m",
+            )
+        wire.check_usable(frame, view.max_range_m, view.coordinate_limit_m)  # 422: nothing to integrate
         if frame.T_world_sensor is None:
             return Prepared(frame, None, None)
-        view = self.view
-        check_translation(
-            "T_world_sensor",
-            frame.T_world_sensor[:3, 3].tolist(),
-            view.coordinate_limit_m,
-            f"the map's coordinate range: 2^20 voxels of {view.voxel_size_m:g} m",
-        )
         return Prepared(frame, store.encode_record("frame", frame), self.bound(frame))
 
     async def decode(self, data: bytes | dict) -> Prepared:

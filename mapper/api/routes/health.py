@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..deps import MetricsAuth, MetricsDep, ServiceDep
+from ..auth import bearer
+from ..deps import MetricsAuth, MetricsDep, ServiceDep, SettingsDep, check_token
 
 router = APIRouter(tags=["health"])
 
@@ -17,14 +18,24 @@ async def healthz() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses={503: {"description": "restoring maps or stopping"}})
-async def readyz(service: ServiceDep):
-    """Maps are restored and the service accepts work (503 while restoring or stopping). ``failed``: maps
-    left on disk that could not be restored (id -> error); ``quarantined``: per map, the WAL records that
-    failed on replay and were kept aside (``maps/<id>/quarantine/``; the map is served without them)."""
+@router.get(
+    "/readyz",
+    responses={503: {"description": "restoring maps or stopping"}, 401: {"description": "invalid token"}},
+)
+async def readyz(request: Request, service: ServiceDep, settings: SettingsDep):
+    """Maps are restored and the service accepts work (503 while restoring or stopping). Once tokens are
+    set, a request without one (a probe) gets only ``{"status": "ready"}``; with an API/read token (an
+    invalid one: 401), or with no tokens configured, also ``failed``: maps left on disk that could not be
+    restored (id -> error) and ``quarantined``: per map, the WAL records that failed on replay and were kept
+    aside (``maps/<id>/quarantine/``; the map is served without them)."""
     if service.stopping or not service.ready.is_set():
         state = "stopping" if service.stopping else "restoring"
         return JSONResponse({"type": "unavailable", "detail": state}, status_code=503)
+    if settings.auth_enabled:  # map ids and error texts only for a token holder
+        token = bearer(request.scope)
+        if token is None:
+            return {"status": "ready"}
+        check_token(settings, token, write=False)
     return {
         "status": "ready",
         "maps": len(service.maps),

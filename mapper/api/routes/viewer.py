@@ -27,17 +27,24 @@ log = logging.getLogger("mapper.api")
 @contextlib.asynccontextmanager
 async def foxglove_lifespan(app):
     """With ``MAPPER_FOXGLOVE_PORT`` (``mapper serve --foxglove-port``), a Foxglove WebSocket server on
-    ``MAPPER_FOXGLOVE_HOST`` (default 127.0.0.1: the Foxglove protocol has no authentication) publishes
-    the maps (mapper.foxglove). Runs inside the app's lifespan, after the map service started."""
+    ``MAPPER_FOXGLOVE_HOST`` (default 127.0.0.1) publishes the maps (mapper.foxglove): the SDK's server on
+    an ephemeral loopback port behind ``FoxgloveGate`` (tokens, both subprotocol names) on the public one.
+    Runs inside the app's lifespan, after the map service started."""
     port = os.environ.get("MAPPER_FOXGLOVE_PORT")
     if not port:
         yield
         return
     from ...foxglove import FoxgloveBridge
+    from ..foxglove_gate import FoxgloveGate
 
     host = os.environ.get("MAPPER_FOXGLOVE_HOST", "127.0.0.1")
-    bridge = FoxgloveBridge(app.state.service, host=host, port=int(port))
-    log.info("Foxglove WebSocket server on ws://%s:%d", host, bridge.port)
+    bridge = FoxgloveBridge(app.state.service, host="127.0.0.1", port=0)  # reached through the gate only
+    try:
+        gate = await FoxgloveGate(app.state.settings, bridge.port).start(host, int(port))
+    except BaseException:
+        bridge.stop()
+        raise
+    log.info("Foxglove WebSocket server on ws://%s:%d", host, gate.port)
     app.state.foxglove = bridge
     task = asyncio.get_running_loop().create_task(bridge.run(), name="foxglove")
     try:
@@ -46,6 +53,7 @@ async def foxglove_lifespan(app):
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await gate.close()
         bridge.stop()
 
 
