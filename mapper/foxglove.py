@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -243,6 +244,7 @@ class FoxgloveBridge:
         )
         self.port = self.server.port
         self._stop = False
+        self._logged: dict[str, float] = {}  # error line -> when it was last logged (_log_failure)
 
     # foxglove ServerListener: a new subscriber gets everything on the next tick
     def on_subscribe(self, client, channel) -> None:
@@ -257,14 +259,28 @@ class FoxgloveBridge:
         pass
 
     async def run(self) -> None:
+        from .api.errors import Unavailable  # the service's (FastAPI is there when the bridge runs)
+
         while not self._stop:
             try:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a map being deleted, a transient error: the next tick retries
-                log.exception("foxglove bridge: publishing failed")
+            except Unavailable as e:  # the service restores maps (or stops): wait, no log line per tick
+                log.debug("foxglove bridge: %s", e)
+            except Exception as e:  # a map being deleted, a transient error: the next tick retries
+                self._log_failure(e)
             await asyncio.sleep(self.interval_s)
+
+    def _log_failure(self, e: Exception, every_s: float = 60.0) -> None:
+        """One warning line per distinct error and at most one per ``every_s`` (the traceback at debug
+        level): a failure that repeats every tick must not flood the log."""
+        now, key = time.monotonic(), f"{type(e).__name__}: {e}"
+        last = self._logged.get(key)
+        if last is None or now - last >= every_s:
+            self._logged[key] = now
+            log.warning("foxglove bridge: publishing failed (%s); retrying", key)
+        log.debug("foxglove bridge: publishing failed", exc_info=e)
 
     async def tick(self) -> None:
         loop = asyncio.get_running_loop()
