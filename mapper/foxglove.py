@@ -1,6 +1,6 @@
 """Maps in Foxglove (the robotics convention), through the ``foxglove-sdk`` package.
 
-Per map, three topics (``<map>`` = the map's name):
+Per map, four topics (``<map>`` = the map's name):
 
 * ``/maps/<map>/mesh`` — ``foxglove.SceneUpdate``: one entity per mesh block (id ``block/i_j_k``), its
   triangles as an indexed ``TriangleListPrimitive`` (per-vertex colours when the map has colour, else grey);
@@ -8,6 +8,8 @@ Per map, three topics (``<map>`` = the map's name):
 * ``/maps/<map>/esdf_slice`` — ``foxglove.Grid``: the ESDF slice at the latest sensor height, one float32
   field ``distance`` (NaN = unknown), in frame ``world``.
 * ``/maps/<map>/tf`` — ``foxglove.FrameTransform``: ``world`` -> ``<map>/sensor`` for every integrated frame.
+* ``/maps/<map>/costmap`` — ``nav_msgs/msg/OccupancyGrid`` (ROS 2 CDR): the slice as a planner's cost grid
+  (int8, -1 unknown, 0..100 from the distance: :mod:`mapper.costmap`), beside every slice.
 
 :class:`FoxgloveBridge` serves them live on a Foxglove WebSocket server (``mapper serve --foxglove-port``):
 it polls the service's maps and publishes mesh deltas (``since_version``) as frames arrive; a client that
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import costmap
 from .errors import MapperError
 from .mesh import Mesh
 from .viewer import split_blocks
@@ -51,7 +54,8 @@ def _ts(t_s: float):
 
 def topics(map_name: str) -> dict[str, str]:
     base = f"/maps/{map_name}"
-    return {"mesh": f"{base}/mesh", "slice": f"{base}/esdf_slice", "tf": f"{base}/tf"}
+    t = {"mesh": f"{base}/mesh", "slice": f"{base}/esdf_slice", "tf": f"{base}/tf"}
+    return t | {"costmap": f"{base}/costmap"}
 
 
 def block_id(ijk) -> str:
@@ -140,7 +144,7 @@ def sensor_transform(T_world_sensor: np.ndarray, map_name: str, t_s: float = 0.0
 
 
 class MapChannels:
-    """The three channels of one map in a foxglove context."""
+    """The four channels of one map in a foxglove context."""
 
     def __init__(self, map_name: str, context):
         fg, _ = _fg()
@@ -151,13 +155,27 @@ class MapChannels:
         self.mesh = ch.SceneUpdateChannel(t["mesh"], context=context)
         self.slice = ch.GridChannel(t["slice"], context=context)
         self.tf = ch.FrameTransformChannel(t["tf"], context=context)
+        self.costmap = costmap_channel(t["costmap"], context)
 
     def ids(self) -> set[int]:
-        return {self.mesh.id(), self.slice.id(), self.tf.id()}
+        return {self.mesh.id(), self.slice.id(), self.tf.id(), self.costmap.id()}
+
+    def log_slice(self, distance, origin_xy, resolution_m: float, z_m: float, t_s: float, **kw) -> None:
+        """The ESDF slice as a Grid and as the planner's cost grid (mapper.costmap)."""
+        self.slice.log(slice_grid(distance, origin_xy, resolution_m, z_m, t_s), **kw)
+        cost = costmap.cost_from_distance(distance)
+        self.costmap.log(costmap.occupancy_grid_cdr(cost, origin_xy, resolution_m, z_m, t_s), **kw)
 
     def close(self) -> None:
-        for c in (self.mesh, self.slice, self.tf):
+        for c in (self.mesh, self.slice, self.tf, self.costmap):
             c.close()
+
+
+def costmap_channel(topic: str, context):
+    """A ``nav_msgs/msg/OccupancyGrid`` channel (ROS 2 CDR; see mapper.costmap)."""
+    fg, _ = _fg()
+    schema = fg.Schema(name=costmap.MSG_TYPE, encoding="ros2msg", data=costmap.message_definition().encode())
+    return fg.Channel(topic, schema=schema, message_encoding="cdr", context=context)
 
 
 def write_mcap(path, map_name: str, mesh: Mesh | None, poses=(), slice_=None) -> Path:
@@ -175,7 +193,7 @@ def write_mcap(path, map_name: str, mesh: Mesh | None, poses=(), slice_=None) ->
         if mesh is not None:
             chans.mesh.log(mesh_scene_update(mesh, t_end), log_time=int(t_end * 1e9))
         if slice_ is not None:
-            chans.slice.log(slice_grid(*slice_, t_s=t_end), log_time=int(t_end * 1e9))
+            chans.log_slice(*slice_, t_s=t_end, log_time=int(t_end * 1e9))
     return path
 
 
@@ -341,7 +359,7 @@ class FoxgloveBridge:
                 if current():
                     st["slice_version"], st["slice_t"] = version, now
                 return
-            chans.slice.log(slice_grid(s.distance.cpu().numpy(), s.origin_xy, s.resolution_m, z, now))
+            chans.log_slice(s.distance.cpu().numpy(), s.origin_xy, s.resolution_m, z, now)
             if current():
                 st["slice_version"], st["slice_t"] = version, now
 
