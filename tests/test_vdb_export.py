@@ -14,7 +14,6 @@ import json
 import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -313,7 +312,9 @@ def test_nvdb_passes_nanovdbs_own_validator_and_converts_back(tmp_path, lidar_ma
 
 
 # ----------------------------------------------------------------------------------- route and CLI
-def test_export_route_and_cli(tmp_path):
+def test_export_route_and_cli(tmp_path, lidar_map, capsys):
+    from mapper.cli import main
+
     with client(tmp_path) as c:
         r = c.post("/v1/maps", json={"name": "vdbmap", "voxel_size_m": 0.25, "esdf_max_distance_m": 1.0})
         mid = r.json()["id"]
@@ -322,10 +323,7 @@ def test_export_route_and_cli(tmp_path):
                 f"/v1/maps/{mid}/frames", content=frame_bytes(i), headers={"content-type": wire.MSGPACK}
             )
             assert r.status_code == 200, r.text
-        ref = Map(0.25, layers=("tsdf", "esdf"), esdf_max_distance_m=1.0, device="cpu")
-        for i in range(2):
-            ref.integrate_lidar(*scan(i))
-        ref.update_esdf()
+        ref = lidar_map  # the same frames and configuration
         for layer in ("tsdf", "esdf"):
             r = c.get(f"/v1/maps/{mid}/export", params={"format": "nvdb", "layer": layer})
             assert r.status_code == 200 and f"vdbmap-{layer}.nvdb" in r.headers["content-disposition"]
@@ -346,16 +344,22 @@ def test_export_route_and_cli(tmp_path):
         r = c.get(f"/v1/maps/{r.json()['id']}/export", params={"format": "vdb", "layer": "esdf"})
         assert r.status_code == 422 and "no 'esdf' layer" in r.json()["detail"]
         assert c.get(f"/v1/maps/{mid}/export").content[:8] != struct.pack("<q", 0x56444220)  # the snapshot
-    # offline, from the data directory the service left
+    # offline, from the data directory the service left (the CLI in this process: mapper.cli.main)
     out = tmp_path / "cli.nvdb"
-    cmd = [sys.executable, "-m", "mapper", "export", "--data-dir", str(tmp_path / "data"), "--map", "vdbmap"]
-    r = subprocess.run(
-        [*cmd, "--format", "nvdb", "--layer", "tsdf", "--out", str(out)], capture_output=True, text=True
-    )
-    assert r.returncode == 0, r.stderr
+    cmd = ["export", "--data-dir", str(tmp_path / "data"), "--map", "vdbmap", "--device", "cpu"]
+
+    def run(*args) -> int:
+        with pytest.raises(SystemExit) as e:
+            main([*cmd, *args])
+        return e.value.code
+
+    assert run("--format", "nvdb", "--layer", "tsdf", "--out", str(out)) == 0
     p = parse_nvdb(out.read_bytes())["tsdf"]
-    assert p["voxel_count"] == oracle(ref, "tsdf")[0].shape[0]
-    r = subprocess.run([*cmd, "--format", "vdb"], capture_output=True, text=True)
-    assert r.returncode == 2 and "--out" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([*cmd, "--format", "zzz", "--out", "x"], capture_output=True, text=True)
-    assert r.returncode == 2 and "invalid choice" in r.stderr
+    ijk, v = sorted_voxels(p["ijk"], p["values"])
+    np.testing.assert_array_equal(ijk, oracle(ref, "tsdf")[0])
+    capsys.readouterr()
+    assert run("--format", "vdb") == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "Traceback" not in err
+    assert run("--format", "zzz", "--out", "x") == 2
+    assert "invalid choice" in capsys.readouterr().err
