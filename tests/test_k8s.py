@@ -319,3 +319,16 @@ def test_rule_checker_catches_a_misspelt_series():
 def test_cpu_image_has_the_foxglove_extra():
     text = (ROOT / "docker" / "Dockerfile.cpu").read_text()
     assert re.search(r"pip install[^\n]*\.\[[^\]]*foxglove", text), text
+
+
+def test_ray_base_has_the_same_namespace_label_image_and_no_annotations():
+    objs = kustomize(K8S / "ray")
+    ns = next(o for o in objs if o["kind"] == "Namespace")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    rc = next(o for o in objs if o["kind"] == "RayCluster")
+    groups = [rc["spec"]["headGroupSpec"], *rc["spec"]["workerGroupSpecs"]]
+    for g in groups:
+        meta = g["template"].get("metadata") or {}
+        assert not any(k.startswith("prometheus.io/") for k in (meta.get("annotations") or {}))
+        for c in g["template"]["spec"]["containers"]:
+            assert re.fullmatch(r"[a-z0-9.-]+\.[a-z]+/[a-z0-9/_.-]+:[A-Za-z0-9_.-]+", c["image"]), c["image"]
