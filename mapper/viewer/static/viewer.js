@@ -216,12 +216,13 @@ function updateColorMode() {
   requestRender();
 }
 
-// a ground grid in the z = 0 plane, 1 m cells, at least `size` metres across (GridHelper draws in x-z)
+// a ground grid in the z = 0 plane, at least `size` metres across: 1 m cells (coarser past 200 cells, so a
+// large map does not draw thousands of lines; GridHelper draws in x-z, turned into x-y)
 function setGroundGrid(size) {
   const n = Math.max(2, Math.ceil(size / 2) * 2);
   if (groundGrid && groundGrid.userData.size === n) return;
   if (groundGrid) { scene.remove(groundGrid); groundGrid.geometry.dispose(); }
-  groundGrid = new THREE.GridHelper(n, n, 0x556070, 0x2c333b);
+  groundGrid = new THREE.GridHelper(n, Math.min(n, 200), 0x556070, 0x2c333b);
   groundGrid.rotation.x = Math.PI / 2;
   groundGrid.userData.size = n;
   groundGrid.visible = axes.visible = $('show-grid').checked;
