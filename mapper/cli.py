@@ -468,8 +468,11 @@ def cmd_replay(args) -> int:
 
 # -------------------------------------------------------------------------------------------- export
 def cmd_export(args) -> int:
-    if not (args.mesh or args.slice or args.snapshot or args.mcap):
-        print("mapper export: give --mesh, --slice, --snapshot and/or --mcap", file=sys.stderr)
+    if not (args.mesh or args.slice or args.snapshot or args.mcap or args.format):
+        print("mapper export: give --mesh, --slice, --snapshot, --mcap and/or --format", file=sys.stderr)
+        return EXIT_USAGE
+    if bool(args.format) != bool(args.out):
+        print("mapper export: --format vdb|nvdb and --out PATH go together", file=sys.stderr)
         return EXIT_USAGE
     try:
         if args.mesh:
@@ -521,6 +524,9 @@ def _export_server(args) -> None:
 
             export_server_map(c, map_id, m["name"] if m else args.map, args.mcap, args.mcap_z)
             print(f"Foxglove messages -> {args.mcap}")
+        if args.format:
+            c.export_grid(map_id, args.out, args.format, args.layer)
+            print(f"{args.layer} as {args.format} -> {args.out}")
 
 
 def _export_local(args) -> None:
@@ -570,6 +576,13 @@ def _export_from(args, data) -> None:
 
         export_map(m, info["name"], args.mcap, args.mcap_z)
         print(f"Foxglove messages -> {args.mcap}")
+    if args.format:
+        from . import nanovdb, vdb
+
+        grid = vdb.map_layer_grid(m, args.layer)
+        data = vdb.vdb_bytes([grid]) if args.format == "vdb" else nanovdb.nvdb_bytes([grid])
+        Path(args.out).write_bytes(data)
+        print(f"{args.layer} as {args.format} -> {args.out}")
 
 
 # ---------------------------------------------------------------------------------------------- demo
@@ -808,6 +821,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--mcap", type=Path, help="write the Foxglove messages (mesh, poses, slice) as MCAP")
     e.add_argument("--mcap-z", type=float, default=None, help="MCAP slice height (default: last sensor z)")
+    e.add_argument(
+        "--format",
+        choices=["vdb", "nvdb"],
+        help="write one layer as an OpenVDB (.vdb) or NanoVDB (.nvdb) float grid to --out",
+    )
+    e.add_argument(
+        "--layer", choices=["tsdf", "esdf"], default="tsdf", help="the --format layer (default tsdf)"
+    )
+    e.add_argument("--out", type=Path, help="the --format output file")
     e.set_defaults(fn=cmd_export)
 
     d = sub.add_parser("demo", help="serve + replay ../shared/data through the client + show /metrics")

@@ -192,6 +192,14 @@ class MapperClient:
                     f.write(chunk)
         return path
 
+    def export_grid(self, map_id: str, path: str | Path, format: str = "vdb", layer: str = "tsdf") -> Path:
+        """Download one layer (``"tsdf"`` / ``"esdf"``) as an OpenVDB (``format="vdb"``) or NanoVDB
+        (``"nvdb"``) file to ``path``."""
+        resp = self._request("GET", f"/v1/maps/{map_id}/export", params={"format": format, "layer": layer})
+        path = Path(path)
+        path.write_bytes(resp.content)
+        return path
+
     def import_map(self, path_or_bytes: str | Path | bytes, name: str | None = None) -> dict:
         data = path_or_bytes if isinstance(path_or_bytes, bytes) else Path(path_or_bytes).read_bytes()
         params = {"name": name} if name else None

@@ -1,6 +1,6 @@
 """Maps in Foxglove (the robotics convention), through the ``foxglove-sdk`` package.
 
-Per map, three topics (``<map>`` = the map's name):
+Per map, four topics (``<map>`` = the map's name):
 
 * ``/maps/<map>/mesh`` — ``foxglove.SceneUpdate``: one entity per mesh block (id ``block/i_j_k``), its
   triangles as an indexed ``TriangleListPrimitive`` (per-vertex colours when the map has colour, else grey);
@@ -8,6 +8,8 @@ Per map, three topics (``<map>`` = the map's name):
 * ``/maps/<map>/esdf_slice`` — ``foxglove.Grid``: the ESDF slice at the latest sensor height, one float32
   field ``distance`` (NaN = unknown), in frame ``world``.
 * ``/maps/<map>/tf`` — ``foxglove.FrameTransform``: ``world`` -> ``<map>/sensor`` for every integrated frame.
+* ``/maps/<map>/costmap`` — ``nav_msgs/msg/OccupancyGrid`` (ROS 2 CDR): the slice as a planner's cost grid
+  (int8, -1 unknown, 0..100 from the distance: :mod:`mapper.costmap`), beside every slice.
 
 :class:`FoxgloveBridge` serves them live on a Foxglove WebSocket server (``mapper serve --foxglove-port``):
 it polls the service's maps and publishes mesh deltas (``since_version``) as frames arrive; a client that
@@ -20,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from pathlib import Path
 
 import numpy as np
 
+from . import costmap
 from .errors import MapperError
 from .mesh import Mesh
 from .viewer import split_blocks
@@ -50,7 +54,8 @@ def _ts(t_s: float):
 
 def topics(map_name: str) -> dict[str, str]:
     base = f"/maps/{map_name}"
-    return {"mesh": f"{base}/mesh", "slice": f"{base}/esdf_slice", "tf": f"{base}/tf"}
+    t = {"mesh": f"{base}/mesh", "slice": f"{base}/esdf_slice", "tf": f"{base}/tf"}
+    return t | {"costmap": f"{base}/costmap"}
 
 
 def block_id(ijk) -> str:
@@ -139,7 +144,7 @@ def sensor_transform(T_world_sensor: np.ndarray, map_name: str, t_s: float = 0.0
 
 
 class MapChannels:
-    """The three channels of one map in a foxglove context."""
+    """The four channels of one map in a foxglove context."""
 
     def __init__(self, map_name: str, context):
         fg, _ = _fg()
@@ -150,13 +155,27 @@ class MapChannels:
         self.mesh = ch.SceneUpdateChannel(t["mesh"], context=context)
         self.slice = ch.GridChannel(t["slice"], context=context)
         self.tf = ch.FrameTransformChannel(t["tf"], context=context)
+        self.costmap = costmap_channel(t["costmap"], context)
 
     def ids(self) -> set[int]:
-        return {self.mesh.id(), self.slice.id(), self.tf.id()}
+        return {self.mesh.id(), self.slice.id(), self.tf.id(), self.costmap.id()}
+
+    def log_slice(self, distance, origin_xy, resolution_m: float, z_m: float, t_s: float, **kw) -> None:
+        """The ESDF slice as a Grid and as the planner's cost grid (mapper.costmap)."""
+        self.slice.log(slice_grid(distance, origin_xy, resolution_m, z_m, t_s), **kw)
+        cost = costmap.cost_from_distance(distance)
+        self.costmap.log(costmap.occupancy_grid_cdr(cost, origin_xy, resolution_m, z_m, t_s), **kw)
 
     def close(self) -> None:
-        for c in (self.mesh, self.slice, self.tf):
+        for c in (self.mesh, self.slice, self.tf, self.costmap):
             c.close()
+
+
+def costmap_channel(topic: str, context):
+    """A ``nav_msgs/msg/OccupancyGrid`` channel (ROS 2 CDR; see mapper.costmap)."""
+    fg, _ = _fg()
+    schema = fg.Schema(name=costmap.MSG_TYPE, encoding="ros2msg", data=costmap.message_definition().encode())
+    return fg.Channel(topic, schema=schema, message_encoding="cdr", context=context)
 
 
 def write_mcap(path, map_name: str, mesh: Mesh | None, poses=(), slice_=None) -> Path:
@@ -174,7 +193,7 @@ def write_mcap(path, map_name: str, mesh: Mesh | None, poses=(), slice_=None) ->
         if mesh is not None:
             chans.mesh.log(mesh_scene_update(mesh, t_end), log_time=int(t_end * 1e9))
         if slice_ is not None:
-            chans.slice.log(slice_grid(*slice_, t_s=t_end), log_time=int(t_end * 1e9))
+            chans.log_slice(*slice_, t_s=t_end, log_time=int(t_end * 1e9))
     return path
 
 
@@ -243,6 +262,7 @@ class FoxgloveBridge:
         )
         self.port = self.server.port
         self._stop = False
+        self._logged: dict[str, float] = {}  # error line -> when it was last logged (_log_failure)
 
     # foxglove ServerListener: a new subscriber gets everything on the next tick
     def on_subscribe(self, client, channel) -> None:
@@ -257,14 +277,28 @@ class FoxgloveBridge:
         pass
 
     async def run(self) -> None:
+        from .api.errors import Unavailable  # the service's (FastAPI is there when the bridge runs)
+
         while not self._stop:
             try:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a map being deleted, a transient error: the next tick retries
-                log.exception("foxglove bridge: publishing failed")
+            except Unavailable as e:  # the service restores maps (or stops): wait, no log line per tick
+                log.debug("foxglove bridge: %s", e)
+            except Exception as e:  # a map being deleted, a transient error: the next tick retries
+                self._log_failure(e)
             await asyncio.sleep(self.interval_s)
+
+    def _log_failure(self, e: Exception, every_s: float = 60.0) -> None:
+        """One warning line per distinct error and at most one per ``every_s`` (the traceback at debug
+        level): a failure that repeats every tick must not flood the log."""
+        now, key = time.monotonic(), f"{type(e).__name__}: {e}"
+        last = self._logged.get(key)
+        if last is None or now - last >= every_s:
+            self._logged[key] = now
+            log.warning("foxglove bridge: publishing failed (%s); retrying", key)
+        log.debug("foxglove bridge: publishing failed", exc_info=e)
 
     async def tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -325,7 +359,7 @@ class FoxgloveBridge:
                 if current():
                     st["slice_version"], st["slice_t"] = version, now
                 return
-            chans.slice.log(slice_grid(s.distance.cpu().numpy(), s.origin_xy, s.resolution_m, z, now))
+            chans.log_slice(s.distance.cpu().numpy(), s.origin_xy, s.resolution_m, z, now)
             if current():
                 st["slice_version"], st["slice_t"] = version, now
 

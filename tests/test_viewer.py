@@ -4,6 +4,8 @@ here, the page and static files, auth and bad input."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -253,3 +255,55 @@ def test_viewer_routes_auth_and_bad_input(tmp_path):
         ):
             r = c.get(f"/v1/maps/{mid}/{q}", headers=read)
             assert r.status_code == 422, (q, r.text)
+
+
+def test_mesh_blocks_not_modified_until_the_mesh_changes(tmp_path):
+    """The conditional poll: the ETag names the mesh version; If-None-Match on it gives 304 without a body
+    (with or without since_version) until a frame changes the mesh, then 200 with the delta."""
+    with client(tmp_path) as c:
+        mid = c.post("/v1/maps", json={"name": "etag", "voxel_size_m": 0.25, "layers": ["tsdf"]}).json()["id"]
+        c.post(f"/v1/maps/{mid}/frames", content=frame_bytes(0), headers={"content-type": wire.MSGPACK})
+        r = c.get(f"/v1/maps/{mid}/mesh/blocks")
+        v = blocks_from_bytes(r.content)["version"]
+        assert r.headers["ETag"] == f'"mesh-{v}"' and r.headers["Cache-Control"] == "no-cache"
+        for q in ("", f"?since_version={v}", "?since_version=0"):
+            nm = c.get(f"/v1/maps/{mid}/mesh/blocks{q}", headers={"If-None-Match": r.headers["ETag"]})
+            assert nm.status_code == 304 and nm.content == b"", q
+            assert nm.headers["ETag"] == r.headers["ETag"] and nm.headers["X-Mapper-Mesh-Version"] == str(v)
+        # a list of tags, a weak tag: the same; another version's tag: the body
+        tags = f'"mesh-{v + 7}", W/"mesh-{v}"'
+        assert c.get(f"/v1/maps/{mid}/mesh/blocks", headers={"If-None-Match": tags}).status_code == 304
+        other = c.get(f"/v1/maps/{mid}/mesh/blocks?since_version={v}", headers={"If-None-Match": '"mesh-0"'})
+        assert other.status_code == 200 and blocks_from_bytes(other.content)["version"] == v
+        c.post(f"/v1/maps/{mid}/frames", content=frame_bytes(4), headers={"content-type": wire.MSGPACK})
+        r2 = c.get(
+            f"/v1/maps/{mid}/mesh/blocks?since_version={v}", headers={"If-None-Match": r.headers["ETag"]}
+        )
+        assert r2.status_code == 200
+        d2 = blocks_from_bytes(r2.content)
+        assert (
+            d2["version"] > v
+            and d2["blocks"].shape[0] > 0
+            and r2.headers["ETag"] == f'"mesh-{d2["version"]}"'
+        )
+        # a map without a TSDF: no conditional answer, the 404 that says why
+        occ = c.post("/v1/maps", json={"name": "o", "voxel_size_m": 0.25, "layers": ["occupancy"]}).json()[
+            "id"
+        ]
+        r = c.get(f"/v1/maps/{occ}/mesh/blocks", headers={"If-None-Match": '"mesh-0"'})
+        assert r.status_code == 404
+
+
+def test_viewer_page_defaults_mesh_first():
+    """The page opens on the mesh: the ESDF slice is off (a checkbox, unchecked), unknown slice cells are
+    drawn transparent, axes and a ground grid are in the scene, and the mesh poll is conditional."""
+    from mapper.viewer import STATIC_DIR
+
+    html = (STATIC_DIR / "index.html").read_text()
+    assert re.search(r'<input id="show-mesh" type="checkbox" checked>', html)
+    assert re.search(r'<input id="show-slice" type="checkbox">', html)  # not checked
+    assert re.search(r'<input id="show-grid" type="checkbox" checked>', html)
+    js = (STATIC_DIR / "viewer.js").read_text()
+    assert "new THREE.AxesHelper" in js and "new THREE.GridHelper" in js
+    assert "UNKNOWN_ALPHA = 0" in js
+    assert "'If-None-Match'" in js and "status === 304" in js

@@ -68,6 +68,7 @@ class Page:
         self.page = browser.new_page(viewport={"width": 1100, "height": 700})
         self.problems: list[str] = []
         self.requests: list[str] = []
+        self.responses: list[tuple[str, int]] = []
         p = self.page
         p.on(
             "console",
@@ -76,6 +77,7 @@ class Page:
         p.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
         p.on("requestfailed", lambda r: self.problems.append(f"request failed: {r.url} {r.failure}"))
         p.on("request", lambda r: self.requests.append(r.url))
+        p.on("response", lambda r: self.responses.append((r.url, r.status)))
         self.url = url
 
     def state(self, key: str):
@@ -121,9 +123,35 @@ def test_viewer_live_mesh_slice_and_screenshot(tmp_path, shared_data, browser):
         ref = c.mesh(m["id"])  # the service's own mesh at the same version: same triangle count
         assert pg.state("meshVersion") == ref["version"]
         assert n1 == ref["faces"].shape[0]
+        # the defaults: the mesh with axes and a ground grid; the ESDF slice off and not fetched
+        pg.wait("Number(document.body.dataset.groundGrid || 0) > 0")
+        assert pg.page.is_checked("#show-mesh") and pg.page.is_checked("#show-grid")
+        assert not pg.page.is_checked("#show-slice")
+        assert pg.state("sliceFetches") == 0 and not any("esdf/slice" in u for u in pg.requests)
+        # conditional polling of an idle map: 304s without a body, backed off, no 200 while nothing changes
+        pg.wait(
+            f"window.mapperViewer.state.meshVersion === {ref['version']}"
+            " && window.mapperViewer.state.notModified > 0"
+        )
+        t0, n0 = time.monotonic(), len(pg.responses)
+        pg.page.wait_for_timeout(3000)  # (a time.sleep would hold back Playwright's events)
+        idle = [st for u, st in pg.responses[n0:] if "/mesh/blocks" in u]
+        assert idle and set(idle) == {304}, idle
+        assert len(idle) <= 3.0 / 0.5, (
+            f"{len(idle)} mesh polls in {time.monotonic() - t0:.1f} s of an idle map"
+        )
+        assert pg.state("meshPollMs") == 1000 and pg.state("triangles") == n1
+        # the slice on demand: fetched when the box is ticked, unknown cells transparent
+        time.sleep(0.3)
+        mesh_only = pg.canvas_share()
+        assert mesh_only > 0.05, "the WebGL canvas is mostly background"
+        pg.page.click("#show-slice")
         pg.wait("document.body.dataset.sliceZ !== undefined && window.mapperViewer.state.sliceHash !== null")
         time.sleep(0.5)
-        assert pg.canvas_share() > 0.2, "the WebGL canvas is mostly background"
+        # unknown slice cells are transparent: the slice at this height, all unknown, hides none of the mesh
+        st = pg.state("sliceStats")
+        if st["unknown"] == st["w"] * st["h"]:
+            assert abs(pg.canvas_share() - mesh_only) < 0.005
         # more frames: the page fetches a delta (since_version) and grows without a reload
         deltas_before = pg.state("deltaFetches")
         send(c, m["id"], frames[1])

@@ -20,7 +20,7 @@ from .. import __version__
 from ..errors import MapperError
 from ..settings import Settings
 from ..viewer import STATIC_DIR
-from . import errors
+from . import access_log, errors
 from .auth import AuthGate
 from .metrics import Metrics
 from .routes import frames, health, maps, queries, viewer
@@ -158,6 +158,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         settings.check_bind()  # also when served by a plain `uvicorn --factory` with MAPPER_HOST set
+        access_log.install()  # the viewer's polls are no access-log lines (uvicorn configured its loggers)
         service = MapService(settings, metrics)
         app.state.service = service
         await service.start()

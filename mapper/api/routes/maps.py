@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
@@ -135,11 +135,39 @@ async def snapshot_map(entry: EntryDep) -> SnapshotInfo:
 @router.get(
     "/{map_id}/export",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/octet-stream": {}}, "description": "the snapshot file"}},
+    responses={
+        200: {
+            "content": {"application/octet-stream": {}},
+            "description": "the snapshot file, or (format=vdb / nvdb) one layer as an OpenVDB / NanoVDB grid",
+        }
+    },
 )
-async def export_map(entry: EntryDep) -> StreamingResponse:
+async def export_map(
+    entry: EntryDep,
+    format: Annotated[
+        Literal["snapshot", "vdb", "nvdb"],
+        Query(description="snapshot (safetensors, for import), vdb (OpenVDB) or nvdb (NanoVDB)"),
+    ] = "snapshot",
+    layer: Annotated[Literal["tsdf", "esdf"], Query(description="the layer of a vdb / nvdb export")] = "tsdf",
+) -> Response:
     """Download the map as a snapshot file (safetensors; the header metadata holds the config);
-    ``POST /v1/maps/import`` takes it back."""
+    ``POST /v1/maps/import`` takes it back. ``format=vdb`` / ``nvdb``: the observed voxels of ``layer``
+    (TSDF or ESDF, metres) as an OpenVDB ``FloatGrid`` / a NanoVDB float grid (``mapper.vdb``,
+    ``mapper.nanovdb``) with the voxel-size transform."""
+    if format != "snapshot":
+        from ... import vdb
+
+        if layer not in entry.map.layers:
+            raise InvalidArgument(
+                f"layer: the map has no {layer!r} layer (it has {', '.join(entry.map.layers)})"
+            )
+        grid = await entry.read(lambda m: vdb.map_layer_grid(m, layer), esdf=layer == "esdf")
+        body = await asyncio.to_thread(grid_file_bytes, grid, format)
+        return Response(
+            body,
+            media_type="application/octet-stream",
+            headers={"Content-Disposition": attachment(f"{entry.name}-{layer}.{format}")},
+        )
     snap = await entry.snapshot()
     if snap is None:
         snap = await entry.snapshot(force=True)
@@ -183,3 +211,10 @@ async def import_map(
     data = await request.body()
     entry = await service.import_map(data, name)
     return MapSummary(**entry.summary())
+
+
+def grid_file_bytes(grid, format: str) -> bytes:
+    """A layer's grid as a ``.vdb`` or ``.nvdb`` file."""
+    from ... import nanovdb, vdb
+
+    return vdb.vdb_bytes([grid]) if format == "vdb" else nanovdb.nvdb_bytes([grid])

@@ -87,12 +87,19 @@ async def viewer_page() -> FileResponse:
     },
 )
 async def mesh_blocks(
+    request: Request,
     entry: EntryDep,
     since_version: Annotated[int | None, Query(ge=0, le=2**62)] = None,
 ) -> Response:
     """The TSDF mesh split into self-contained blocks, for viewers: with ``since_version`` (a previous
     reply's version) only the blocks changed since then and the removed ones (a full mesh, flag bit 0,
-    when the change log no longer reaches back)."""
+    when the change log no longer reaches back). The reply's ``ETag`` names the mesh version it brings
+    the client to; a request whose ``If-None-Match`` names the current one gets ``304 Not Modified``
+    without a body (a viewer polling an idle map)."""
+    current = entry.view.mesh_version
+    if current is not None and _etag(current) in _if_none_match(request):
+        headers = {"ETag": _etag(current), "X-Mapper-Mesh-Version": str(current), "Cache-Control": "no-cache"}
+        return Response(status_code=304, headers={**headers, VERSION_HEADER: str(entry.view.version)})
 
     def run(m):
         t = time.perf_counter()
@@ -132,7 +139,18 @@ async def mesh_blocks(
             _FULL[entry] = (mesh, body)
     entry.metrics.query.labels("mesh_blocks").observe(time.perf_counter() - t)
     headers = {"X-Mapper-Mesh-Version": str(mesh.version), VERSION_HEADER: str(map_version)}
+    headers |= {"ETag": _etag(mesh.version), "Cache-Control": "no-cache"}
     return Response(body, media_type=viewer.MEDIA_TYPE, headers=headers)
+
+
+def _etag(mesh_version: int) -> str:
+    return f'"mesh-{mesh_version}"'
+
+
+def _if_none_match(request: Request) -> set[str]:
+    """The entity tags of an ``If-None-Match`` header (weak ones compared by their opaque part)."""
+    raw = request.headers.get("if-none-match", "")
+    return {t.strip().removeprefix("W/") for t in raw.split(",") if t.strip()}
 
 
 # the last whole mesh served per map and its encoding: opening a viewer on a map that did not change costs

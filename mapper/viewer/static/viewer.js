@@ -6,7 +6,9 @@ import { BlockStore, parseBlocks } from './blocks.js';
 import { decode, wireArray } from './msgpack.js';
 
 const $ = (id) => document.getElementById(id);
-const MESH_POLL_MS = 100; // at most 10 delta requests a second; an idle map answers with an empty delta
+const MESH_POLL_MS = 100; // at most 10 conditional requests a second while the mesh changes
+const MESH_IDLE_POLL_MS = 1000; // backed off to this while the service answers 304 (the mesh did not change)
+const UNKNOWN_ALPHA = 0; // unobserved slice cells are transparent: the slice does not hide the mesh
 const STATUS_POLL_MS = 1000;
 const VOXEL_CAP = 50000;
 const VIRIDIS = [[68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141],
@@ -17,7 +19,7 @@ const INSIDE_RGB = [165, 0, 38];
 // ------------------------------------------------------------------------------------------- state
 const state = {
   mapId: null, status: null, generation: 0,
-  meshVersion: null, fullFetches: 0, deltaFetches: 0, deltaBytes: 0, lastMeshMs: 0, updates: [], undrawn: [],
+  meshVersion: null, meshEtag: null, notModified: 0, meshPollMs: MESH_POLL_MS, fullFetches: 0, deltaFetches: 0, deltaBytes: 0, lastMeshMs: 0, updates: [], undrawn: [],
   trajectory: [], sliceZ: null, sliceHash: null, sliceFetches: 0, sliceError: null,
   voxels: null, errors: [], needToken: false, hasTsdf: true, fitted: false,
 };
@@ -29,10 +31,12 @@ class ApiError extends Error {
 
 function token() { return sessionStorage.getItem('mapperToken') || ''; }
 
-async function api(path, { accept = 'application/json', raw = false, response = false } = {}) {
+async function api(path, { accept = 'application/json', raw = false, response = false, etag = null } = {}) {
   const headers = { Accept: accept };
   if (token()) headers.Authorization = 'Bearer ' + token();
-  const r = await fetch(path, { headers });
+  if (etag) headers['If-None-Match'] = etag; // a conditional poll: 304 while nothing changed
+  const r = await fetch(path, { headers, cache: 'no-store' });
+  if (r.status === 304 && response) return r;
   if (!r.ok) {
     let type = 'error', detail = r.status + ' ' + r.statusText;
     try { const b = await r.json(); type = b.type || type; detail = b.detail || detail; } catch (e) { /* not JSON */ }
@@ -72,6 +76,7 @@ function authProblem(e) {
 
 // ---------------------------------------------------------------------------------------- three.js
 let renderer, scene, camera, controls, meshGroup, material, sliceMesh, trajLine, sensorMarker, voxelMesh;
+let axes, groundGrid;
 let renderPending = false;
 
 function requestRender() {
@@ -148,7 +153,9 @@ function initThree() {
     vertexShader: VERT, fragmentShader: FRAG, side: THREE.DoubleSide,
     uniforms: { mode: { value: 1 }, zrange: { value: new THREE.Vector2(0, 1) } },
   });
-  scene.add(new THREE.AxesHelper(1));
+  axes = new THREE.AxesHelper(1); // x red, y green, z blue, 1 m
+  scene.add(axes);
+  setGroundGrid(20);
   scene.add(new THREE.HemisphereLight(0xffffff, 0x444444, 0.8)); // for the voxel cubes
   camera.add(new THREE.DirectionalLight(0xffffff, 1.5)); // a head light
   scene.add(camera);
@@ -209,11 +216,38 @@ function updateColorMode() {
   requestRender();
 }
 
+// a ground grid in the z = 0 plane, at least `size` metres across: 1 m cells (coarser past 200 cells, so a
+// large map does not draw thousands of lines; GridHelper draws in x-z, turned into x-y)
+function setGroundGrid(size) {
+  const n = Math.max(2, Math.ceil(size / 2) * 2);
+  if (groundGrid && groundGrid.userData.size === n) return;
+  if (groundGrid) { scene.remove(groundGrid); groundGrid.geometry.dispose(); }
+  groundGrid = new THREE.GridHelper(n, Math.min(n, 200), 0x556070, 0x2c333b);
+  groundGrid.rotation.x = Math.PI / 2;
+  groundGrid.userData.size = n;
+  groundGrid.visible = axes.visible = $('show-grid').checked;
+  scene.add(groundGrid);
+  state.groundGrid = n;
+  document.body.dataset.groundGrid = String(n);
+  requestRender();
+}
+
 async function fetchMesh(gen) {
   const since = state.meshVersion;
   const q = since === null ? '' : '?since_version=' + since;
   const t0 = performance.now();
-  const r = await api('/v1/maps/' + state.mapId + '/mesh/blocks' + q, { response: true });
+  const r = await api('/v1/maps/' + state.mapId + '/mesh/blocks' + q,
+    { response: true, etag: since === null ? null : state.meshEtag });
+  if (gen !== state.generation) return;
+  if (r.status === 304) { // the mesh did not change: nothing to fetch, poll less often
+    await r.arrayBuffer(); // (empty) finish the response
+    state.notModified++;
+    state.meshPollMs = Math.min(MESH_IDLE_POLL_MS, state.meshPollMs * 2);
+    state.lastMeshMs = performance.now() - t0;
+    return;
+  }
+  state.meshPollMs = MESH_POLL_MS;
+  state.meshEtag = r.headers.get('ETag');
   const buf = await r.arrayBuffer();
   if (gen !== state.generation) return;
   const t1 = performance.now();
@@ -255,14 +289,16 @@ async function meshLoop(gen) {
         state.hasTsdf = false;
         message('This map has no TSDF layer, so no mesh: showing its occupied voxels and the ESDF slice.');
         $('show-voxels').checked = true;
+        $('show-slice').checked = true;
         refreshVoxels(gen);
+        refreshSlice(gen);
         return;
       }
       if (e instanceof ApiError && e.status === 404) { showMapError(e); return; }
       reportError('mesh: ' + e.message);
       await sleep(1000);
     }
-    await sleep(Math.max(0, MESH_POLL_MS - (performance.now() - t0)));
+    await sleep(Math.max(0, state.meshPollMs - (performance.now() - t0)));
   }
 }
 
@@ -357,7 +393,7 @@ async function refreshSlice(gen) {
     let c;
     if (Number.isNaN(v)) { c = UNKNOWN_RGB; unknown++; } else if (v < 0) { c = INSIDE_RGB; inside++; } else c = viridis(v / maxD);
     rgba[4 * i] = c[0]; rgba[4 * i + 1] = c[1]; rgba[4 * i + 2] = c[2];
-    rgba[4 * i + 3] = Number.isNaN(v) ? 140 : 230;
+    rgba[4 * i + 3] = Number.isNaN(v) ? UNKNOWN_ALPHA : 200;
     hash = (hash * 31 + (Number.isNaN(v) ? 7 : Math.round(v * 1000))) | 0;
   }
   const tex = new THREE.DataTexture(rgba, w, h, THREE.RGBAFormat);
@@ -464,13 +500,16 @@ async function statusLoop(gen) {
         if (!state.hasTsdf) {
           message('This map has no TSDF layer, so no mesh: showing its occupied voxels and the ESDF slice.');
           $('show-voxels').checked = true;
+          $('show-slice').checked = true; // no mesh to hide
         } else meshLoop(gen);
         if (st.frames_integrated === 0) message('The map is empty: waiting for frames.');
       } else if (st.frames_integrated > 0 && /waiting for frames/.test($('message').textContent)) message('');
       if (st.trajectory_length !== lastTraj) { lastTraj = st.trajectory_length; await refreshTrajectory(gen); }
       const now = performance.now();
-      // the slice and the voxels follow the map, at most every 2 s / 3 s
-      if (st.version !== sliceVersion && now - lastSliceT > 2000) {
+      const b = layerBounds();
+      if (b) setGroundGrid(2 * Math.max(...b.min.map(Math.abs), ...b.max.map(Math.abs)));
+      // the slice (when shown) and the voxels follow the map, at most every 2 s / 3 s
+      if ($('show-slice').checked && st.version !== sliceVersion && now - lastSliceT > 2000) {
         lastSliceT = now; sliceVersion = st.version; refreshSlice(gen);
       }
       if ($('show-voxels').checked && st.version !== voxelVersion && now - lastVoxelT > 3000) {
@@ -504,7 +543,7 @@ async function openMap(id) {
   state.generation++;
   const gen = state.generation;
   Object.assign(state, {
-    mapId: id, status: null, meshVersion: null, trajectory: [], sliceZ: null, sliceHash: null,
+    mapId: id, status: null, meshVersion: null, meshEtag: null, meshPollMs: MESH_POLL_MS, trajectory: [], sliceZ: null, sliceHash: null,
     voxels: null, hasTsdf: true, fitted: false, updates: [], undrawn: [],
   });
   lastFrames = null;
@@ -592,7 +631,19 @@ function wire() {
     for (const o of [trajLine, sensorMarker]) if (o) o.visible = e.target.checked;
     requestRender();
   });
-  $('show-slice').addEventListener('change', (e) => { if (sliceMesh) sliceMesh.visible = e.target.checked; requestRender(); });
+  $('show-slice').addEventListener('change', (e) => {
+    if (sliceMesh) sliceMesh.visible = e.target.checked;
+    // turned on: fetch it now if there is none yet or the map changed since
+    if (e.target.checked && (!sliceMesh || (state.status && state.sliceVersion !== state.status.version))) {
+      refreshSlice(state.generation);
+    }
+    requestRender();
+  });
+  $('show-grid').addEventListener('change', (e) => {
+    axes.visible = e.target.checked;
+    if (groundGrid) groundGrid.visible = e.target.checked;
+    requestRender();
+  });
   $('show-voxels').addEventListener('change', () => refreshVoxels(state.generation));
   let timer = null;
   $('slice-z').addEventListener('input', () => {
