@@ -577,7 +577,7 @@ def _export_from(args, data) -> None:
         export_map(m, info["name"], args.mcap, args.mcap_z)
         print(f"Foxglove messages -> {args.mcap}")
     if args.format:
-        from . import nanovdb, vdb
+        from .formats import nanovdb, vdb
 
         grid = vdb.map_layer_grid(m, args.layer)
         data = vdb.vdb_bytes([grid]) if args.format == "vdb" else nanovdb.nvdb_bytes([grid])

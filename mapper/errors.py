@@ -42,3 +42,7 @@ class InsufficientStorage(CapacityExceeded):
 class OutOfDeviceMemory(MapperError):
     """The device ran out of memory during an operation (HTTP 503); the map is unchanged or holds the
     operation's partial update, and keeps serving."""
+
+
+class Unavailable(MapperError):
+    """The service is starting or stopping, or a map is restoring (HTTP 503)."""

@@ -9,7 +9,7 @@ Per map, four topics (``<map>`` = the map's name):
   field ``distance`` (NaN = unknown), in frame ``world``.
 * ``/maps/<map>/tf`` — ``foxglove.FrameTransform``: ``world`` -> ``<map>/sensor`` for every integrated frame.
 * ``/maps/<map>/costmap`` — ``nav_msgs/msg/OccupancyGrid`` (ROS 2 CDR): the slice as a planner's cost grid
-  (int8, -1 unknown, 0..100 from the distance: :mod:`mapper.costmap`), beside every slice.
+  (int8, -1 unknown, 0..100 from the distance: :mod:`mapper.formats.costmap`), beside every slice.
 
 :class:`FoxgloveBridge` serves them live on a Foxglove WebSocket server (``mapper serve --foxglove-port``):
 it polls the service's maps and publishes mesh deltas (``since_version``) as frames arrive; a client that
@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import costmap
+from . import errors
 from .errors import MapperError
+from .formats import costmap
 from .mesh import Mesh
 from .viewer import split_blocks
 
@@ -161,7 +162,7 @@ class MapChannels:
         return {self.mesh.id(), self.slice.id(), self.tf.id(), self.costmap.id()}
 
     def log_slice(self, distance, origin_xy, resolution_m: float, z_m: float, t_s: float, **kw) -> None:
-        """The ESDF slice as a Grid and as the planner's cost grid (mapper.costmap)."""
+        """The ESDF slice as a Grid and as the planner's cost grid (mapper.formats.costmap)."""
         self.slice.log(slice_grid(distance, origin_xy, resolution_m, z_m, t_s), **kw)
         cost = costmap.cost_from_distance(distance)
         self.costmap.log(costmap.occupancy_grid_cdr(cost, origin_xy, resolution_m, z_m, t_s), **kw)
@@ -172,7 +173,7 @@ class MapChannels:
 
 
 def costmap_channel(topic: str, context):
-    """A ``nav_msgs/msg/OccupancyGrid`` channel (ROS 2 CDR; see mapper.costmap)."""
+    """A ``nav_msgs/msg/OccupancyGrid`` channel (ROS 2 CDR; see mapper.formats.costmap)."""
     fg, _ = _fg()
     schema = fg.Schema(name=costmap.MSG_TYPE, encoding="ros2msg", data=costmap.message_definition().encode())
     return fg.Channel(topic, schema=schema, message_encoding="cdr", context=context)
@@ -277,14 +278,14 @@ class FoxgloveBridge:
         pass
 
     async def run(self) -> None:
-        from .api.errors import Unavailable  # the service's (FastAPI is there when the bridge runs)
-
         while not self._stop:
             try:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
-            except Unavailable as e:  # the service restores maps (or stops): wait, no log line per tick
+            except (
+                errors.Unavailable
+            ) as e:  # the service restores maps (or stops): wait, no log line per tick
                 log.debug("foxglove bridge: %s", e)
             except Exception as e:  # a map being deleted, a transient error: the next tick retries
                 self._log_failure(e)

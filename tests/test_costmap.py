@@ -1,4 +1,4 @@
-"""The 2D cost grid for planners (mapper.costmap): the cost formula on hand-computed cells, the
+"""The 2D cost grid for planners (mapper.formats.costmap): the cost formula on hand-computed cells, the
 ``nav_msgs/msg/OccupancyGrid`` in the MCAP export and on the live Foxglove server, decoded back with
 rosbags' own CDR reader and compared with the map's ESDF slice."""
 
@@ -13,15 +13,15 @@ import pytest
 from test_service_helpers import Server, frame_bytes, free_port, scan
 
 from mapper import Map, wire
-from mapper.costmap import cost_from_distance, message_definition, occupancy_grid_cdr
 from mapper.errors import InvalidArgument
+from mapper.formats.costmap import cost_from_distance, message_definition, occupancy_grid_cdr
 
 pytest.importorskip("foxglove", reason="foxglove-sdk is not installed")
 pytest.importorskip("mcap", reason="mcap is not installed (test extra)")
 
 
 def ros_decode(data: bytes):
-    """Decode with rosbags directly (not through mapper.costmap)."""
+    """Decode with rosbags directly (not through mapper.formats.costmap)."""
     from rosbags.typesys import Stores, get_typestore
 
     return get_typestore(Stores.ROS2_HUMBLE).deserialize_cdr(data, "nav_msgs/msg/OccupancyGrid")

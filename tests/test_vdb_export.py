@@ -22,8 +22,8 @@ from test_service_helpers import client, frame_bytes, scan
 
 from mapper import Map, wire
 from mapper.errors import InvalidArgument
-from mapper.nanovdb import nvdb_bytes
-from mapper.vdb import VoxelGrid, map_layer_grid, vdb_bytes
+from mapper.formats.nanovdb import nvdb_bytes
+from mapper.formats.vdb import VoxelGrid, map_layer_grid, vdb_bytes
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 
@@ -77,7 +77,7 @@ def lidar_map() -> Map:
 
 
 def oracle(m: Map, layer: str):
-    """The observed voxels straight from the map's layer view (not through mapper.vdb)."""
+    """The observed voxels straight from the map's layer view (not through mapper.formats.vdb)."""
     g, d = m.layer(layer)
     ijk = g.ijk.numpy()
     if layer == "tsdf":

@@ -23,6 +23,7 @@ from ..errors import (
     MapperError,
     NotFound,
     OutOfDeviceMemory,
+    Unavailable,
 )
 from ..wire import MalformedMessage, TooLarge
 
@@ -43,10 +44,6 @@ class PayloadTooLarge(TooLarge):
 
 class Busy(CapacityExceeded):
     """The map's queue is full; retry later (HTTP 429)."""
-
-
-class Unavailable(MapperError):
-    """The service is starting or stopping (HTTP 503)."""
 
 
 class UnsupportedMediaType(InvalidArgument):

@@ -152,10 +152,10 @@ async def export_map(
 ) -> Response:
     """Download the map as a snapshot file (safetensors; the header metadata holds the config);
     ``POST /v1/maps/import`` takes it back. ``format=vdb`` / ``nvdb``: the observed voxels of ``layer``
-    (TSDF or ESDF, metres) as an OpenVDB ``FloatGrid`` / a NanoVDB float grid (``mapper.vdb``,
-    ``mapper.nanovdb``) with the voxel-size transform."""
+    (TSDF or ESDF, metres) as an OpenVDB ``FloatGrid`` / a NanoVDB float grid (``mapper.formats.vdb``,
+    ``mapper.formats.nanovdb``) with the voxel-size transform."""
     if format != "snapshot":
-        from ... import vdb
+        from ...formats import vdb
 
         if layer not in entry.map.layers:
             raise InvalidArgument(
@@ -215,6 +215,6 @@ async def import_map(
 
 def grid_file_bytes(grid, format: str) -> bytes:
     """A layer's grid as a ``.vdb`` or ``.nvdb`` file."""
-    from ... import nanovdb, vdb
+    from ...formats import nanovdb, vdb
 
     return vdb.vdb_bytes([grid]) if format == "vdb" else nanovdb.nvdb_bytes([grid])

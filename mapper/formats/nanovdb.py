@@ -19,7 +19,8 @@ statistics, 512 float32 values). Every node is 32 B aligned; each level is laid 
 (breadth-first), children in the order of their parent's child index. The statistics (min, max, average,
 standard deviation of the active values, bounding boxes) are filled in as ``nanovdb::gridStats`` does.
 
-The transform matches :mod:`mapper.vdb`: voxel ``(i, j, k)`` has its centre at ``(ijk + 0.5) * voxel_size_m``.
+The transform matches :mod:`mapper.formats.vdb`: voxel ``(i, j, k)`` has its centre at
+``(ijk + 0.5) * voxel_size_m``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 from .vdb import SHIFT_LEAF, SHIFT_LOWER, SHIFT_UPPER, VoxelGrid, build_tree, child_index, mask_words
 
 MAGIC = 0x304244566F6E614E  # "NanoVDB0"

@@ -19,7 +19,8 @@ read by OpenVDB 10 and later):
   raw) or raw.
 
 Active voxels are the layer's observed voxels; every other value (inactive voxels, tiles) is the
-background (the TSDF's truncation distance, the ESDF's maximum distance). See :mod:`mapper.nanovdb` for the
+background (the TSDF's truncation distance, the ESDF's maximum distance). See
+:mod:`mapper.formats.nanovdb` for the
 NanoVDB ``.nvdb`` export of the same voxels.
 """
 
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 MAGIC = 0x56444220
 FILE_VERSION = 224  # OPENVDB_FILE_VERSION_MULTIPASS_IO

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 MSG_TYPE = "nav_msgs/msg/OccupancyGrid"
 UNKNOWN, FREE, LETHAL = -1, 0, 100
