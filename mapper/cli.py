@@ -298,40 +298,56 @@ def replay_to_server(args, ds, kind: str, idx: list[int]) -> dict:
                 max_range_m=args.max_range,
             )
         map_id = m["id"]
-        with_color = "color" in m["config"]["layers"]
-        bar = Progress(len(idx), f"replay -> {m['name']}")
-        used = dropped = 0
-        lat: list[float] = []
-        sent_at: deque[float] = deque()
-        t0 = time.perf_counter()
+        try:
+            return _replay_frames(c, args, ds, kind, idx, m, created)
+        except MapperError as e:
+            # a map this replay created and that took no frame (e.g. its first frame refused with 507) is
+            # removed, not left behind empty. The client decides: the server cannot tell an empty map a
+            # user created on purpose from one a failed replay left.
+            if created and c.get_map(map_id).get("frames_integrated", 0) == 0:
+                c.delete_map(map_id)
+                e.args = (f"{e}; the empty map {m['name']!r} this replay created was removed",)
+            raise
 
-        def count(acks, now=None):
-            nonlocal used, dropped
-            now = time.perf_counter() if now is None else now
-            for a in acks:
-                used += a.get("points_used", 0)
-                dropped += a.get("points_dropped", 0)
-                if sent_at:
-                    lat.append(now - sent_at.popleft())
 
-        if args.http:
+def _replay_frames(c, args, ds, kind: str, idx: list[int], m: dict, created: bool) -> dict:
+    """Stream (or POST) the frames ``idx`` of ``ds`` into map ``m`` (``created`` by this replay); the
+    replay's summary."""
+    map_id = m["id"]
+    with_color = "color" in m["config"]["layers"]
+    bar = Progress(len(idx), f"replay -> {m['name']}")
+    used = dropped = 0
+    lat: list[float] = []
+    sent_at: deque[float] = deque()
+    t0 = time.perf_counter()
+
+    def count(acks, now=None):
+        nonlocal used, dropped
+        now = time.perf_counter() if now is None else now
+        for a in acks:
+            used += a.get("points_used", 0)
+            dropped += a.get("points_dropped", 0)
+            if sent_at:
+                lat.append(now - sent_at.popleft())
+
+    if args.http:
+        for i in idx:
+            msg = _message(ds[i], kind, i, with_color)
+            sent_at.append(time.perf_counter())
+            count([c.send_frame(map_id, msg)])
+            bar.update(len(lat), _latency_text(lat))
+    else:
+        with c.stream(map_id, window=args.window) as s:
             for i in idx:
-                msg = _message(ds[i], kind, i, with_color)
+                count(s.send(_message(ds[i], kind, i, with_color)))
                 sent_at.append(time.perf_counter())
-                count([c.send_frame(map_id, msg)])
-                bar.update(len(lat), _latency_text(lat))
-        else:
-            with c.stream(map_id, window=args.window) as s:
-                for i in idx:
-                    count(s.send(_message(ds[i], kind, i, with_color)))
-                    sent_at.append(time.perf_counter())
-                    bar.update(len(lat), f"{_latency_text(lat)} ({s.in_flight} in flight)")
-                while s.in_flight:
-                    count([s.receive()])
-                    bar.update(len(lat), f"{_latency_text(lat)} ({s.in_flight} in flight)")
-        bar.close()
-        elapsed = time.perf_counter() - t0
-        info = c.get_map(map_id)
+                bar.update(len(lat), f"{_latency_text(lat)} ({s.in_flight} in flight)")
+            while s.in_flight:
+                count([s.receive()])
+                bar.update(len(lat), f"{_latency_text(lat)} ({s.in_flight} in flight)")
+    bar.close()
+    elapsed = time.perf_counter() - t0
+    info = c.get_map(map_id)
     return {
         "map": map_id,
         "name": info["name"],
