@@ -141,6 +141,28 @@ def _frames(ds, kind: str, limit: int | None, stride: int):
     return idx
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (``--limit 0`` would replay everything, ``--stride 0`` nothing)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {v}")
+    return v
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 1-65535."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {text!r}") from None
+    if not 1 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {v}")
+    return v
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -690,7 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="run the HTTP/WebSocket service")
     s.add_argument("--host", help="bind address (MAPPER_HOST, default 127.0.0.1)")
-    s.add_argument("--port", type=int, help="MAPPER_PORT (default 8000)")
+    s.add_argument("--port", type=port_number, help="MAPPER_PORT (default 8000)")
     s.add_argument("--data-dir", type=Path, help="MAPPER_DATA_DIR (default ./mapper-data)")
     s.add_argument(
         "--store",
@@ -701,7 +723,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", help="auto | cpu | cuda[:N] (MAPPER_DEVICE)")
     s.add_argument("--token", action="append", help="bearer token (repeatable; MAPPER_API_TOKENS)")
     s.add_argument("--log-level", help="MAPPER_LOG_LEVEL (default info)")
-    s.add_argument("--foxglove-port", type=int, help="also serve the maps to Foxglove (WebSocket, 127.0.0.1)")
+    s.add_argument(
+        "--foxglove-port", type=port_number, help="also serve the maps to Foxglove (WebSocket, 127.0.0.1)"
+    )
     s.add_argument(
         "--ray",
         nargs="?",
@@ -711,7 +735,10 @@ def build_parser() -> argparse.ArgumentParser:
         "start a local one without ADDRESS; --data-dir must be reachable by every node (unless --store)",
     )
     s.add_argument(
-        "--ray-workers", type=int, metavar="N", help="map workers (default: one per GPU, 2 without GPUs)"
+        "--ray-workers",
+        type=positive_int,
+        metavar="N",
+        help="map workers (default: one per GPU, 2 without GPUs)",
     )
     s.set_defaults(fn=cmd_serve)
 
@@ -750,10 +777,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="drop returns farther than this many metres from the sensor (new maps; default 100 offline, "
         "the server's MAPPER_DEFAULT_MAX_RANGE_M otherwise)",
     )
-    r.add_argument("--limit", type=int, help="at most this many frames")
-    r.add_argument("--stride", type=int, default=1, help="every k-th frame (default 1)")
+    r.add_argument("--limit", type=positive_int, help="at most this many frames")
+    r.add_argument("--stride", type=positive_int, default=1, help="every k-th frame (default 1)")
     r.add_argument("--http", action="store_true", help="one POST per frame instead of a WebSocket stream")
-    r.add_argument("--window", type=int, default=8, help="frames in flight on the WebSocket (default 8)")
+    r.add_argument(
+        "--window", type=positive_int, default=8, help="frames in flight on the WebSocket (default 8)"
+    )
     r.add_argument(
         "--wait", type=float, default=5.0, help="seconds to wait for the server to be ready (default 5)"
     )
@@ -824,7 +853,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="serve + replay ../shared/data through the client + show /metrics")
     d.add_argument("--data", type=Path, default=default_data_dir(), help="the sample data (../shared/data)")
     d.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    d.add_argument("--port", type=int, default=8000, help="port (default 8000; a free one if busy)")
+    d.add_argument("--port", type=port_number, default=8000, help="port (default 8000; a free one if busy)")
     d.add_argument(
         "--data-dir",
         type=Path,
