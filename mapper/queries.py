@@ -156,9 +156,12 @@ def observed_trilinear(values: torch.Tensor, frac: torch.Tensor, observed: torch
     part = wsum > 0
     safe = torch.where(part, wsum, torch.ones_like(wsum))
     val = torch.where(full, num, num / safe)
-    grad = torch.where(
-        full[:, None], dnum_t, (dnum_t * safe[:, None] - num[:, None] * dw_t) / (safe * safe)[:, None]
-    ) / s
+    grad = (
+        torch.where(
+            full[:, None], dnum_t, (dnum_t * safe[:, None] - num[:, None] * dw_t) / (safe * safe)[:, None]
+        )
+        / s
+    )
     # the far face: the nearest observed corner (squared distance in voxels; unobserved ones never)
     d2 = ((c[None] - f) ** 2).sum(dim=2)
     d2 = torch.where(observed, d2, torch.full_like(d2, math.inf))
