@@ -24,6 +24,11 @@ ESDF_VOXEL_BYTES = 5  # float32 distance + bool observed
 # working memory of an ESDF update per voxel of the domain it recomputes (line layouts, crossings, three
 # distance arrays): measured 52-74 B on the CPU (NOTES.md); rounded up
 ESDF_UPDATE_BYTES_PER_VOXEL = 80
+# the CPU update's working memory as a fixed part + bytes per computed voxel, rounded up from the peak
+# resident size of updates of 0.9 M - 128 M voxels (esdf_working_bytes)
+ESDF_CPU_FIXED_BYTES = 96 << 20
+ESDF_CPU_BYTES_PER_VOXEL = 32
+MEASURED_BRICKS = 4096  # a layer with at least this many bricks prices a new brick at its own average
 _SQRT3 = math.sqrt(3.0)
 
 
@@ -242,7 +247,130 @@ def _rays_growth(
         g = _growth_of(m, n)
         if room is not None and g.bytes + g.transient <= room:
             return g
-    return g
+    # the tightest: the frame's own footprint (the bricks its rays cross, less those the map has; ~1-10 s
+    # for a 41 k-ray scan at 0.1 m on a loaded CPU), run only when the per-ray bounds do not fit and it
+    # could: it lowers the stored bricks, not the ESDF update's domain, and the returns' own new bricks
+    # (each return's voxel is in its band) are a floor it cannot go under
+    if room is not None and (g.transient > room or _floor_bytes(m, end_bricks) > room):
+        return g
+    return _growth_of(m, _footprint_bricks(m, origin, ends, ranges, band, n))
+
+
+def _floor_bytes(m, end_bricks: torch.Tensor) -> int:
+    """A lower bound on the bytes a frame adds: the voxels of the TSDF and ESDF bricks of its returns
+    that the map lacks (int64 ``[N, 3]`` brick of each return; 0 without a TSDF)."""
+    if m._tsdf is None:
+        return 0
+    new = _absent(m._tsdf, _union(end_bricks)).shape[0]
+    per = BRICK_VOXELS * layer_voxel_bytes(m._tsdf.pool.fields)
+    if m._esdf is not None and abs(getattr(m, "esdf_voxel_size_m", m.voxel_size_m) - m.voxel_size_m) < 1e-12:
+        per += BRICK_VOXELS * ESDF_VOXEL_BYTES
+    return new * per
+
+
+FOOTPRINT_ROWS = 1 << 23  # segment rows (brick crossings) past which a layer keeps its per-ray bound
+FOOTPRINT_CHUNK_ROWS = 1 << 19  # rows per pass (~8 MB; rays in chunks): the check's working memory
+
+
+def _segment_bricks(origin: torch.Tensor, dirs: torch.Tensor, t0, t1, cell: float, max_length=None):
+    """Unique bricks (int64 ``[U, 3]``, edge ``cell``) crossed by the segments ``origin + t dirs``, ``t in
+    [t0, t1]``: the integrators' own brick pass (``FrameSegments``), so exactly the bricks they touch.
+    None when the segments cross more than ``FOOTPRINT_ROWS`` bricks in all (``4 + sqrt(3) L / B`` per
+    segment at most): too slow to count on the CPU, and such a frame's per-ray bound is what decides."""
+    from .kernels.segments import FrameSegments
+
+    if dirs.shape[0] == 0:
+        return torch.zeros((0, 3), dtype=torch.int64)
+    if float((4 + _SQRT3 * (t1 - t0).clamp(min=0.0) / cell).sum()) > FOOTPRINT_ROWS:
+        return None
+    o = origin.to(torch.float64).contiguous().expand(dirs.shape[0], 3)
+    return FrameSegments(o, dirs, t0, t1, cell, budget=FOOTPRINT_CHUNK_ROWS).bricks
+
+
+def _union(*sets: torch.Tensor) -> torch.Tensor:
+    """Unique rows of int64 ``[U_i, 3]`` brick sets (by their keys: ``torch.unique(dim=0)`` is ~10x
+    slower)."""
+    from .kernels.keys import brick_keys, keys_to_ijk
+
+    keys = torch.cat([brick_keys(b) for b in sets if b.shape[0]] or [torch.zeros(0, dtype=torch.int64)])
+    keys = torch.unique(keys[keys >= 0])
+    return keys_to_ijk(keys) if keys.numel() else torch.zeros((0, 3), dtype=torch.int64)
+
+
+def _absent(layer, bricks: torch.Tensor) -> torch.Tensor:
+    """The rows of int64 ``[U, 3]`` ``bricks`` that ``layer`` has not allocated (all without a layer)."""
+    if layer is None or bricks.shape[0] == 0 or layer.grid.num_leaves == 0:
+        return bricks
+    slot, _ = layer.voxel_slots(bricks.to(layer.device) << 2)
+    return bricks[(slot < 0).cpu()]
+
+
+def _to_lattice(bricks: torch.Tensor, edge_m: float, to_edge_m: float) -> torch.Tensor:
+    """Unique bricks of edge ``to_edge_m`` (>= ``edge_m``) that overlap int64 ``[U, 3]`` bricks of edge
+    ``edge_m`` (each lies in at most 2 per axis)."""
+    if abs(edge_m - to_edge_m) < 1e-12 or bricks.shape[0] == 0:
+        return bricks
+    lo = torch.floor(bricks.to(torch.float64) * edge_m / to_edge_m + 1e-9).to(torch.int64)
+    hi = torch.floor((bricks + 1).to(torch.float64) * edge_m / to_edge_m - 1e-9).to(torch.int64)
+    return _union(*[torch.where(torch.tensor(c, dtype=torch.bool), hi, lo) for c in _CORNERS])
+
+
+_CORNERS = [(a, b, c) for a in (False, True) for b in (False, True) for c in (False, True)]
+
+
+def _footprint_bricks(m, origin, ends, ranges, band: float, bound: dict[str, float]) -> dict[str, float]:
+    """New bricks per layer from the frame's own footprint, each capped by ``bound`` (the per-ray bounds):
+    the bricks its rays cross in each layer (the integrators' segments: TSDF ``[r - band, r + band]``,
+    occupancy ``[0, r + s]``, free record ``[0, r - gap]``) less those the map has allocated. The ESDF
+    stores observed bricks within ``Rb`` bricks of a site: at most the frame's new observed bricks plus the
+    map's observed bricks it does not store yet (``esdf``); its update computes at most the per-ray bound's
+    domain (``esdf_domain``)."""
+    from .integrators.free import free_gap
+
+    n = dict(bound)
+    if ranges.numel() == 0:
+        return n
+    s = m.voxel_size_m
+    bm = 4 * s
+    dirs = (ends - origin) / ranges[:, None]
+    band_b = torch.zeros((0, 3), dtype=torch.int64)
+    if m._tsdf is not None:
+        band_b = _segment_bricks(
+            origin, dirs, (ranges - band).clamp(min=0.0), ranges + band, bm, max_length=2 * band
+        )
+        if band_b is None:
+            return n
+        n["tsdf"] = min(n["tsdf"], float(_absent(m._tsdf, band_b).shape[0]))
+    if m._occ is not None:
+        occ_b = _segment_bricks(origin, dirs, torch.zeros_like(ranges), ranges + s, bm)
+        if occ_b is None:
+            return n
+        n["occupancy"] = min(n["occupancy"], float(_absent(m._occ, occ_b).shape[0]))
+    free = getattr(m, "_free", None)
+    se = getattr(m, "esdf_voxel_size_m", s)
+    be = 4 * se
+    free_b = torch.zeros((0, 3), dtype=torch.int64)
+    if free is not None:
+        gap = free_gap(m.tsdf_config.tau if m._tsdf is not None else 0.0, se)
+        length = ranges - gap
+        keep = length > 0
+        free_b = _segment_bricks(origin, dirs[keep], torch.zeros_like(length[keep]), length[keep], be)
+        if free_b is None:
+            return n
+        n["free"] = min(n["free"], float(_absent(free, free_b).shape[0]))
+    esdf = m._esdf
+    if esdf is not None:
+        # stored: observed bricks within Rb of a site; sites also lie on the free record's edges, so the
+        # domain (the working memory) keeps the per-ray bound (the returns' bricks dilated by the reach)
+        sources = [_to_lattice(band_b, bm, be), free_b]
+        if m._occ is not None:
+            sources.append(_to_lattice(occ_b, bm, be))
+        seen = _union(*sources)
+        observed = sum(la.num_bricks for la in (m._tsdf, m._occ, free) if la is not None)
+        backlog = max(0, observed - esdf.layer.num_bricks)  # observed bricks the ESDF does not store (yet)
+        n["esdf_domain"] = n["esdf"]
+        n["esdf"] = min(n["esdf"], float(_absent(esdf.layer, seen).shape[0] + backlog))
+    return n
 
 
 def _growth_of(m, bricks: dict[str, float]) -> Growth:
@@ -255,15 +383,39 @@ def _growth_of(m, bricks: dict[str, float]) -> Growth:
         vb = layer_voxel_bytes(layer.pool.fields)
         g.bricks[name] = int(n)
         # plus one page: pools grow by whole pages
-        g.bytes += (
-            int(n * (BRICK_VOXELS * vb + BRICK_TOPOLOGY_BYTES)) + layer.pool.page_bricks * BRICK_VOXELS * vb
-        )
+        g.bytes += int(n * brick_bytes(layer, BRICK_VOXELS * vb)) + layer.pool.page_bricks * BRICK_VOXELS * vb
     if m._esdf is not None:
         n = bricks["esdf"]
         g.bricks["esdf"] = int(n)
-        g.bytes += int(n * (BRICK_VOXELS * ESDF_VOXEL_BYTES + BRICK_TOPOLOGY_BYTES))
-        g.transient += int(n * BRICK_VOXELS * ESDF_UPDATE_BYTES_PER_VOXEL)
+        g.bytes += int(n * brick_bytes(m._esdf.layer, BRICK_VOXELS * ESDF_VOXEL_BYTES))
+        domain = bricks.get("esdf_domain", n)
+        g.transient += esdf_working_bytes(int(domain * BRICK_VOXELS), m.device)
     return g
+
+
+def brick_bytes(layer, voxel_bytes: int) -> float:
+    """Bytes one more brick costs in ``layer``: its voxels plus its share of the topology, measured on the
+    layer as it is (``nbytes`` over its bricks, pool slack and all) once it holds ``MEASURED_BRICKS``
+    bricks, else the worst case (``BRICK_TOPOLOGY_BYTES``: one brick per leaf)."""
+    worst = voxel_bytes + BRICK_TOPOLOGY_BYTES
+    n = getattr(layer, "num_bricks", 0)
+    if n < MEASURED_BRICKS:
+        return worst
+    return min(worst, max(voxel_bytes, layer.nbytes / n))
+
+
+def esdf_working_bytes(domain_voxels: int, device) -> int:
+    """Working memory of an ESDF update over ``domain_voxels`` computed voxels:
+    ``ESDF_UPDATE_BYTES_PER_VOXEL`` each, on the CPU at most ``ESDF_CPU_FIXED_BYTES`` plus
+    ``ESDF_CPU_BYTES_PER_VOXEL`` each (its line passes run in chunks of rows: measured 47-56 B per voxel
+    at 0.9-4 M voxels, <= 28 B per voxel at 128 M: benchmarks/results/admission_cpu.md). CUDA runs each
+    pass at once (not measured there: the larger constant)."""
+    if domain_voxels <= 0:
+        return 0
+    per_voxel = ESDF_UPDATE_BYTES_PER_VOXEL * domain_voxels
+    if torch.device(device).type == "cpu":
+        return min(per_voxel, ESDF_CPU_FIXED_BYTES + ESDF_CPU_BYTES_PER_VOXEL * domain_voxels)
+    return per_voxel
 
 
 def lidar_growth(m, points_sensor, T_world_sensor, room: float | None = None) -> Growth:

@@ -141,6 +141,28 @@ def _frames(ds, kind: str, limit: int | None, stride: int):
     return idx
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (``--limit 0`` would replay everything, ``--stride 0`` nothing)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {v}")
+    return v
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 1-65535."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {text!r}") from None
+    if not 1 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {v}")
+    return v
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -303,40 +325,56 @@ def replay_to_server(args, ds, kind: str, idx: list[int]) -> dict:
                 max_range_m=args.max_range,
             )
         map_id = m["id"]
-        with_color = "color" in m["config"]["layers"]
-        bar = Progress(len(idx), f"replay -> {m['name']}")
-        used = dropped = 0
-        lat: list[float] = []
-        sent_at: deque[float] = deque()
-        t0 = time.perf_counter()
+        try:
+            return _replay_frames(c, args, ds, kind, idx, m, created)
+        except MapperError as e:
+            # a map this replay created and that took no frame (e.g. its first frame refused with 507) is
+            # removed, not left behind empty. The client decides: the server cannot tell an empty map a
+            # user created on purpose from one a failed replay left.
+            if created and c.get_map(map_id).get("frames_integrated", 0) == 0:
+                c.delete_map(map_id)
+                e.args = (f"{e}; the empty map {m['name']!r} this replay created was removed",)
+            raise
 
-        def count(acks, now=None):
-            nonlocal used, dropped
-            now = time.perf_counter() if now is None else now
-            for a in acks:
-                used += a.get("points_used", 0)
-                dropped += a.get("points_dropped", 0)
-                if sent_at:
-                    lat.append(now - sent_at.popleft())
 
-        if args.http:
+def _replay_frames(c, args, ds, kind: str, idx: list[int], m: dict, created: bool) -> dict:
+    """Stream (or POST) the frames ``idx`` of ``ds`` into map ``m`` (``created`` by this replay); the
+    replay's summary."""
+    map_id = m["id"]
+    with_color = "color" in m["config"]["layers"]
+    bar = Progress(len(idx), f"replay -> {m['name']}")
+    used = dropped = 0
+    lat: list[float] = []
+    sent_at: deque[float] = deque()
+    t0 = time.perf_counter()
+
+    def count(acks, now=None):
+        nonlocal used, dropped
+        now = time.perf_counter() if now is None else now
+        for a in acks:
+            used += a.get("points_used", 0)
+            dropped += a.get("points_dropped", 0)
+            if sent_at:
+                lat.append(now - sent_at.popleft())
+
+    if args.http:
+        for i in idx:
+            msg = _message(ds[i], kind, i, with_color)
+            sent_at.append(time.perf_counter())
+            count([c.send_frame(map_id, msg)])
+            bar.update(len(lat), _latency_text(lat))
+    else:
+        with c.stream(map_id, window=args.window) as s:
             for i in idx:
-                msg = _message(ds[i], kind, i, with_color)
+                count(s.send(_message(ds[i], kind, i, with_color)))
                 sent_at.append(time.perf_counter())
-                count([c.send_frame(map_id, msg)])
-                bar.update(len(lat), _latency_text(lat))
-        else:
-            with c.stream(map_id, window=args.window) as s:
-                for i in idx:
-                    count(s.send(_message(ds[i], kind, i, with_color)))
-                    sent_at.append(time.perf_counter())
-                    bar.update(len(lat), f"{_latency_text(lat)} ({s.in_flight} in flight)")
-                while s.in_flight:
-                    count([s.receive()])
-                    bar.update(len(lat), f"{_latency_text(lat)} ({s.in_flight} in flight)")
-        bar.close()
-        elapsed = time.perf_counter() - t0
-        info = c.get_map(map_id)
+                bar.update(len(lat), f"{_latency_text(lat)} ({s.in_flight} in flight)")
+            while s.in_flight:
+                count([s.receive()])
+                bar.update(len(lat), f"{_latency_text(lat)} ({s.in_flight} in flight)")
+    bar.close()
+    elapsed = time.perf_counter() - t0
+    info = c.get_map(map_id)
     return {
         "map": map_id,
         "name": info["name"],
@@ -692,7 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="run the HTTP/WebSocket service")
     s.add_argument("--host", help="bind address (MAPPER_HOST, default 127.0.0.1)")
-    s.add_argument("--port", type=int, help="MAPPER_PORT (default 8000)")
+    s.add_argument("--port", type=port_number, help="MAPPER_PORT (default 8000)")
     s.add_argument("--data-dir", type=Path, help="MAPPER_DATA_DIR (default ./mapper-data)")
     s.add_argument(
         "--store",
@@ -703,7 +741,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", help="auto | cpu | cuda[:N] (MAPPER_DEVICE)")
     s.add_argument("--token", action="append", help="bearer token (repeatable; MAPPER_API_TOKENS)")
     s.add_argument("--log-level", help="MAPPER_LOG_LEVEL (default info)")
-    s.add_argument("--foxglove-port", type=int, help="also serve the maps to Foxglove (WebSocket, 127.0.0.1)")
+    s.add_argument(
+        "--foxglove-port", type=port_number, help="also serve the maps to Foxglove (WebSocket, 127.0.0.1)"
+    )
     s.add_argument(
         "--ray",
         nargs="?",
@@ -713,7 +753,10 @@ def build_parser() -> argparse.ArgumentParser:
         "start a local one without ADDRESS; --data-dir must be reachable by every node (unless --store)",
     )
     s.add_argument(
-        "--ray-workers", type=int, metavar="N", help="map workers (default: one per GPU, 2 without GPUs)"
+        "--ray-workers",
+        type=positive_int,
+        metavar="N",
+        help="map workers (default: one per GPU, 2 without GPUs)",
     )
     s.set_defaults(fn=cmd_serve)
 
@@ -752,10 +795,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="drop returns farther than this many metres from the sensor (new maps; default 100 offline, "
         "the server's MAPPER_DEFAULT_MAX_RANGE_M otherwise)",
     )
-    r.add_argument("--limit", type=int, help="at most this many frames")
-    r.add_argument("--stride", type=int, default=1, help="every k-th frame (default 1)")
+    r.add_argument("--limit", type=positive_int, help="at most this many frames")
+    r.add_argument("--stride", type=positive_int, default=1, help="every k-th frame (default 1)")
     r.add_argument("--http", action="store_true", help="one POST per frame instead of a WebSocket stream")
-    r.add_argument("--window", type=int, default=8, help="frames in flight on the WebSocket (default 8)")
+    r.add_argument(
+        "--window", type=positive_int, default=8, help="frames in flight on the WebSocket (default 8)"
+    )
     r.add_argument(
         "--wait", type=float, default=5.0, help="seconds to wait for the server to be ready (default 5)"
     )
@@ -835,7 +880,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="serve + replay ../shared/data through the client + show /metrics")
     d.add_argument("--data", type=Path, default=default_data_dir(), help="the sample data (../shared/data)")
     d.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    d.add_argument("--port", type=int, default=8000, help="port (default 8000; a free one if busy)")
+    d.add_argument("--port", type=port_number, default=8000, help="port (default 8000; a free one if busy)")
     d.add_argument(
         "--data-dir",
         type=Path,

@@ -1,8 +1,9 @@
 """Point queries on map layers: trilinear interpolation with the gradient of the interpolant, nearest-voxel
 occupancy, dense slices and boxes of the ESDF (ray casting of the TSDF: :mod:`mapper.raycast`).
 
-Unknown is never reported as free or as a distance: a trilinear value needs all 8 corner voxels observed,
-otherwise ``observed`` is False and the value NaN; occupancy reports -1 for never-observed voxels.
+Unknown is never reported as free or as a distance: a value interpolates the observed ones of its 8 corner
+voxels (trilinear weights renormalised over them, :func:`observed_trilinear`); with none observed
+``observed`` is False and the value NaN; occupancy reports -1 for never-observed voxels.
 Voxel (i, j, k) has its centre at ((i, j, k) + 0.5) * s, so a point p interpolates between the voxels
 ``floor(p / s - 0.5) + {0, 1}^3``.
 """
@@ -121,14 +122,64 @@ def masked_trilinear(values: torch.Tensor, frac: torch.Tensor, observed: torch.T
     return val.to(torch.float32), grad.to(torch.float32)
 
 
+def observed_trilinear(values: torch.Tensor, frac: torch.Tensor, observed: torch.Tensor, s: float):
+    """Trilinear interpolation over the observed corners only.
+
+    Args:
+        values: float ``[M, 8]`` corner values (corner order of :func:`trilinear`); frac: ``[M, 3]``
+            fractional offsets; observed: bool ``[M, 8]`` per corner; s: voxel size (metres).
+    Returns:
+        (value float32 ``[M]``, gradient float32 ``[M, 3]`` per metre, known bool ``[M]``). All 8 observed:
+        plain :func:`trilinear`. Some: the trilinear weights of the observed corners renormalised to sum
+        to 1 (``sum w_c v_c / sum w_c``) and the gradient of that quotient; where those weights sum to 0
+        (the point lies on the far face of the observed corners) the nearest observed corner's value and a
+        zero gradient. None: NaN, zero gradient, not known.
+    """
+    v = values.to(torch.float64)
+    c = _corners(v.device).to(torch.float64)
+    f = frac[:, None, :].to(torch.float64)
+    w_axis = torch.where(c[None] == 1, f, 1 - f)  # [M, 8, 3]
+    o = observed.to(torch.float64)
+    wo = w_axis.prod(dim=2) * o
+    wsum = wo.sum(dim=1)
+    num = (wo * v).sum(dim=1)
+    sgn = torch.where(c == 1, 1.0, -1.0).to(torch.float64)
+    dnum, dw = [], []
+    for a in range(3):
+        others = [b for b in range(3) if b != a]
+        d = sgn[None, :, a] * w_axis[:, :, others[0]] * w_axis[:, :, others[1]] * o
+        dnum.append((d * v).sum(dim=1))
+        dw.append(d.sum(dim=1))
+    dnum_t, dw_t = torch.stack(dnum, dim=1), torch.stack(dw, dim=1)
+    full = observed.all(dim=1)
+    known = observed.any(dim=1)
+    part = wsum > 0
+    safe = torch.where(part, wsum, torch.ones_like(wsum))
+    val = torch.where(full, num, num / safe)
+    grad = (
+        torch.where(
+            full[:, None], dnum_t, (dnum_t * safe[:, None] - num[:, None] * dw_t) / (safe * safe)[:, None]
+        )
+        / s
+    )
+    # the far face: the nearest observed corner (squared distance in voxels; unobserved ones never)
+    d2 = ((c[None] - f) ** 2).sum(dim=2)
+    d2 = torch.where(observed, d2, torch.full_like(d2, math.inf))
+    near = v.gather(1, d2.argmin(dim=1, keepdim=True)).squeeze(1)
+    val = torch.where(part, val, torch.where(known, near, torch.full_like(val, math.nan)))
+    grad = torch.where(part[:, None], grad, torch.zeros_like(grad))
+    return val.to(torch.float32), grad.to(torch.float32), known
+
+
 # --------------------------------------------------------------------------------------- point queries
 def tsdf_at(layer: BrickLayer, p: torch.Tensor, s: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Trilinear TSDF of ``layer`` (voxel ``s`` metres) at float64 ``[M, 3]`` points: (tsdf float32 ``[M]``
-    metres, NaN where a corner voxel is unobserved; weight float32 ``[M]``, 0 there)."""
+    """Trilinear TSDF of ``layer`` (voxel ``s`` metres) at float64 ``[M, 3]`` points over the observed
+    corners (:func:`observed_trilinear`): (tsdf float32 ``[M]`` metres, NaN where no corner voxel is
+    observed; weight float32 ``[M]``, 0 there)."""
     _, frac, ok, vals, present = gather_corners(layer, p, s, ["tsdf", "weight"], [0.0, 0.0])
-    obs = (present & (vals["weight"] > 0)).all(dim=1) & ok
-    t, _ = masked_trilinear(vals["tsdf"], frac, obs, s)
-    w, _ = masked_trilinear(vals["weight"], frac, obs, s)
+    obs = present & (vals["weight"] > 0) & ok[:, None]
+    t, _, _ = observed_trilinear(vals["tsdf"], frac, obs, s)
+    w, _, _ = observed_trilinear(vals["weight"], frac, obs, s)
     return t, torch.nan_to_num(w, nan=0.0)
 
 
@@ -152,7 +203,8 @@ def distance_at(
     occupancy: BrickLayer | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Signed distance of the ESDF layer ``esdf`` (voxel ``s``) at float64 ``[M, 3]`` points, trilinear:
-    (distance float32 ``[M]`` metres, NaN where unknown; gradient float32 ``[M, 3]``; observed bool ``[M]``).
+    (distance float32 ``[M]`` metres, NaN where no corner is observed; gradient float32 ``[M, 3]``; observed
+    bool ``[M]``: some corner observed), over the observed corners (:func:`observed_trilinear`).
     A corner voxel absent from the layer holds ``max_distance_m`` and counts as observed where ``tsdf``
     (weight > 0) or ``occupancy`` (log-odds not NaN) saw it (layers at the ESDF's voxel, or None).
     One fused Triton launch on CUDA (``mapper.kernels.triton_query``), :func:`distance_at_torch` elsewhere."""
@@ -192,9 +244,8 @@ def distance_at_torch(
             seen |= pr & ~torch.isnan(lo)
         obs[absent] = seen
         d[absent] = md
-    all_obs = obs.all(dim=1) & ok
-    dist, grad = masked_trilinear(d, frac, all_obs, s)
-    return dist, grad, all_obs
+    dist, grad, known = observed_trilinear(d, frac, obs & ok[:, None], s)
+    return dist, grad, known
 
 
 def lattice_points(axes, xyz: tuple[int, int, int]):

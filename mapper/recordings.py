@@ -227,7 +227,7 @@ class RosbagSequence:
         sensor_frame: str | None = None,
         max_pose_gap_s: float = 0.1,
     ):
-        from rosbags.highlevel import AnyReader, AnyReaderError
+        from rosbags.highlevel import AnyReader
         from rosbags.typesys import Stores, get_typestore
 
         path = Path(path)
@@ -238,7 +238,10 @@ class RosbagSequence:
         if world_frame is not None and odom_topic is not None:
             raise InvalidArgument("pose: give world_frame (poses from /tf) or odom_topic, not both")
         if depth_topic is not None and world_frame is None and odom_topic is None:
-            raise InvalidArgument("pose: depth frames need poses: give world_frame (/tf) or odom_topic")
+            raise InvalidArgument(
+                "pose: depth frames need poses: give --world-frame (world_frame: poses from /tf) or "
+                "--odom-topic (odom_topic)"
+            )
         if not path.exists():
             raise InvalidArgument(f"path: {path} does not exist")
         self.kind = "lidar" if points_topic else "depth"
@@ -247,8 +250,9 @@ class RosbagSequence:
         try:
             self._reader = AnyReader([path], default_typestore=get_typestore(Stores.ROS2_HUMBLE))
             self._reader.open()
-        except (AnyReaderError, OSError) as e:
-            raise InvalidArgument(f"path: {path} is not a readable ROS 1/ROS 2 bag: {e}") from None
+        except Exception as e:  # rosbags raises what it meets: AnyReaderError, UnicodeDecodeError, ...
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise InvalidArgument(f"path: {path} is not a readable ROS 1/ROS 2 bag: {why}") from None
         r = self._reader
         by_topic: dict[str, list] = {}
         for c in r.connections:
@@ -279,7 +283,14 @@ class RosbagSequence:
             tf_conns = [
                 c for t in ("/tf", "/tf_static") for c in by_topic.get(t, []) if c.msgtype == TF_MESSAGE
             ]
-            for c, _, raw in r.messages(connections=tf_conns):
+            if not tf_conns and odom_topic is None:
+                have = ", ".join(sorted(by_topic))
+                raise InvalidArgument(
+                    f"--world-frame: {path} has no /tf or /tf_static ({TF_MESSAGE}) to take poses from; "
+                    f"give --odom-topic instead (the bag has: {have})"
+                )
+            # an empty list would make rosbags return every message of the bag
+            for c, _, raw in r.messages(connections=tf_conns) if tf_conns else ():
                 m = r.deserialize(raw, c.msgtype)
                 static = c.topic == "/tf_static"
                 for ts in m.transforms:
@@ -403,11 +414,18 @@ class PcdSequence:
         try:
             pc = PointCloud.from_path(self.files[i])
         except Exception as e:  # pypcd4 raises plain exceptions for malformed headers / data
-            raise InvalidArgument(f"path: {self.files[i]} is not a readable PCD file: {e}") from None
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]  # not pydantic's whole dump
+            raise InvalidArgument(f"path: {self.files[i]} is not a readable PCD file: {why}") from None
         fields = pc.fields
         if not all(c in fields for c in "xyz"):
             raise InvalidArgument(f"points: {self.files[i]} has fields {fields}; x, y, z are needed")
         pts = pc.numpy(("x", "y", "z")).astype(np.float32)
+        declared = int(pc.metadata.points)
+        if declared != len(pts):
+            raise InvalidArgument(
+                f"points: {self.files[i]} declares POINTS {declared} but holds {len(pts)}: a truncated or "
+                "corrupt PCD file"
+            )
         intensity = pc.numpy(("intensity",))[:, 0].astype(np.float32) if "intensity" in fields else None
         if self.poses is not None:
             T = self.poses[i]

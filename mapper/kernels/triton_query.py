@@ -70,8 +70,9 @@ def _distance_kernel(
 ):  # fmt: skip
     """Layer 0 = ESDF (fa0: esdf float32, fb0: observed as bytes); absent corners hold ``fill`` (the max
     distance) and are observed where layer 1 (TSDF: weight > 0) or layer 2 (occupancy: log-odds not NaN)
-    saw them. Writes the value (NaN unless all 8 corners are observed), the gradient of the interpolant
-    (zeros then) and observed. ``prm``: float64 [1 / voxel size, fill]."""
+    saw them. Writes the value over the observed corners (``mapper.queries.observed_trilinear``: NaN when
+    none is), the gradient of that interpolant (zeros then) and observed (some corner observed).
+    ``prm``: float64 [1 / voxel size, fill]."""
     inv_s = tl.load(prm_ptr + 0)  # torch divides by a Python scalar as a multiply by its reciprocal
     fill = tl.load(prm_ptr + 1).to(tl.float32)
     q = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -102,7 +103,14 @@ def _distance_kernel(
     gx = tl.zeros([BLOCK], tl.float64)
     gy = tl.zeros([BLOCK], tl.float64)
     gz = tl.zeros([BLOCK], tl.float64)
+    wsum = tl.zeros([BLOCK], tl.float64)  # the observed corners' weights and their derivatives
+    dwx = tl.zeros([BLOCK], tl.float64)
+    dwy = tl.zeros([BLOCK], tl.float64)
+    dwz = tl.zeros([BLOCK], tl.float64)
+    best_d2 = tl.full([BLOCK], float("inf"), tl.float64)  # the nearest observed corner
+    best_v = tl.zeros([BLOCK], tl.float64)
     allobs = ok
+    known = tl.zeros([BLOCK], tl.int1)
     for c in range(8):  # rolled: one copy of the lookups in the binary (compile time)
         i = ix + ((c >> 2) & 1)
         j = iy + ((c >> 1) & 1)
@@ -124,24 +132,51 @@ def _distance_kernel(
             )
             lo = tl.load(page_base(f2, pg2, h2, tl.float16) + lc2, mask=h2, other=0.0).to(tl.float32)
             seen = seen | (h2 & (lo == lo))
-        allobs = allobs & tl.where(has, o, seen)
-        # trilinear weights and their derivatives, in the reference's operation order
+        oc = ok & tl.where(has, o, seen)
+        allobs = allobs & oc
+        known = known | oc
+        of = tl.where(oc, 1.0, 0.0).to(tl.float64)
+        # trilinear weights and their derivatives over the observed corners, in the reference's order
+        cx = ((c >> 2) & 1) * 1.0
+        cy = ((c >> 1) & 1) * 1.0
+        cz = (c & 1) * 1.0
         wx = tl.where(((c >> 2) & 1) == 1, fx, 1.0 - fx)
         wy = tl.where(((c >> 1) & 1) == 1, fy, 1.0 - fy)
         wz = tl.where((c & 1) == 1, fz, 1.0 - fz)
-        sx = ((c >> 2) & 1) * 2.0 - 1.0
-        sy = ((c >> 1) & 1) * 2.0 - 1.0
-        sz = (c & 1) * 2.0 - 1.0
+        sx = cx * 2.0 - 1.0
+        sy = cy * 2.0 - 1.0
+        sz = cz * 2.0 - 1.0
         dv = d.to(tl.float64)
-        val += wx * wy * wz * dv
-        gx += sx * wy * wz * dv
-        gy += sy * wx * wz * dv
-        gz += sz * wx * wy * dv
-    tl.store(val_ptr + q, tl.where(allobs, val, float("nan")).to(tl.float32), mask=m)
-    tl.store(grad_ptr + q * 3 + 0, tl.where(allobs, gx * inv_s, 0.0).to(tl.float32), mask=m)
-    tl.store(grad_ptr + q * 3 + 1, tl.where(allobs, gy * inv_s, 0.0).to(tl.float32), mask=m)
-    tl.store(grad_ptr + q * 3 + 2, tl.where(allobs, gz * inv_s, 0.0).to(tl.float32), mask=m)
-    tl.store(obs_ptr + q, allobs.to(tl.int8), mask=m)
+        wo = wx * wy * wz * of
+        val += wo * dv
+        wsum += wo
+        ex = sx * wy * wz * of
+        ey = sy * wx * wz * of
+        ez = sz * wx * wy * of
+        gx += ex * dv
+        gy += ey * dv
+        gz += ez * dv
+        dwx += ex
+        dwy += ey
+        dwz += ez
+        d2 = (cx - fx) * (cx - fx) + (cy - fy) * (cy - fy) + (cz - fz) * (cz - fz)
+        closer = oc & (d2 < best_d2)
+        best_v = tl.where(closer, dv, best_v)
+        best_d2 = tl.where(closer, d2, best_d2)
+    # all 8 observed: plain trilinear; some: renormalised (quotient rule); weights summing to 0: nearest
+    part = wsum > 0
+    safe = tl.where(part, wsum, 1.0)
+    out = tl.where(allobs, val, val / safe)
+    out = tl.where(part, out, tl.where(known, best_v, float("nan")))
+    sq = safe * safe
+    gx = tl.where(allobs, gx, (gx * safe - val * dwx) / sq)
+    gy = tl.where(allobs, gy, (gy * safe - val * dwy) / sq)
+    gz = tl.where(allobs, gz, (gz * safe - val * dwz) / sq)
+    tl.store(val_ptr + q, out.to(tl.float32), mask=m)
+    tl.store(grad_ptr + q * 3 + 0, tl.where(part, gx * inv_s, 0.0).to(tl.float32), mask=m)
+    tl.store(grad_ptr + q * 3 + 1, tl.where(part, gy * inv_s, 0.0).to(tl.float32), mask=m)
+    tl.store(grad_ptr + q * 3 + 2, tl.where(part, gz * inv_s, 0.0).to(tl.float32), mask=m)
+    tl.store(obs_ptr + q, known.to(tl.int8), mask=m)
 
 
 def _layer_args(view: LayerView, names):

@@ -52,6 +52,14 @@ async def _deny(ws: WebSocket, exc: MapperError) -> None:
         await ws.close(code=1008, reason=str(exc)[:120])
 
 
+def _settle_quietly(fut: asyncio.Future) -> asyncio.Future:
+    """Mark ``fut``'s exception as seen once it is set: a frame's error reaches the client in its ack, or
+    nowhere when the client left before it (then asyncio would log a traceback per frame at collection:
+    "Future exception was never retrieved")."""
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return fut
+
+
 @router.websocket("/{map_id}/stream")
 async def stream_frames(ws: WebSocket, map_id: str):
     """Binary msgpack frames in, msgpack acks out in the same order. When the map's queue is full the
@@ -92,6 +100,7 @@ async def stream_frames(ws: WebSocket, map_id: str):
                 msg = {**error_body(e), "status": status_of(e)}
                 if fid is not None:
                     msg["frame_id"] = fid
+                log.info("stream %s: frame %s refused (%d): %s", entry.id, fid, msg["status"], e)
             except Exception as e:  # an internal error: report it, keep the stream
                 log.exception("stream %s: frame failed", entry.id)
                 msg = {"type": "internal_error", "detail": type(e).__name__, "status": 500}
@@ -117,6 +126,7 @@ async def stream_frames(ws: WebSocket, map_id: str):
             except Exception as e:  # a bad frame: its error takes its place in the acks
                 fut = loop.create_future()
                 fut.set_exception(e)
+            _settle_quietly(fut)
             await pending.put((fut, t0, fid))  # waits while too many acks are outstanding
 
     def take(data) -> asyncio.Future:
@@ -124,7 +134,7 @@ async def stream_frames(ws: WebSocket, map_id: str):
             raise wire.MalformedMessage("stream: send frames as binary msgpack messages")
         if len(data) > settings.max_body_bytes:
             raise PayloadTooLarge(f"frame: {len(data)} bytes exceed MAPPER_MAX_BODY_BYTES")
-        return loop.create_task(entry.decode(data))
+        return _settle_quietly(loop.create_task(entry.decode(data)))
 
     sender = loop.create_task(send_acks())
     submitter = loop.create_task(submit_frames())
@@ -145,7 +155,7 @@ async def stream_frames(ws: WebSocket, map_id: str):
             try:
                 task = take(message.get("bytes"))
             except MapperError as e:
-                task = loop.create_future()
+                task = _settle_quietly(loop.create_future())
                 task.set_exception(e)
             await decoded.put((task, t0))  # waits while WS_DECODE_AHEAD frames are being decoded
             if sender.done() or submitter.done():
