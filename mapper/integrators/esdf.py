@@ -69,7 +69,7 @@ CPU_ROWS = 1 << 17  # slots per chunk of a line pass on the CPU (int32: 512 KB p
 CUDA_ROWS = 1 << 23  # slots per chunk of a line pass on CUDA (~100 B of temporaries a slot)
 CPU_BRICKS = 1 << 11  # bricks per chunk for site extraction and distances on the CPU
 SUBSET_PASSES_CUDA = False  # CUDA: envelope passes on the stored bricks' subsets (True) or the domain
-TILE_BRICKS = 1 << 16  # ESDF bricks of change (dirty or, cold, candidate) recomputed in one pass at most
+TILE_BRICKS = 1 << 18  # ESDF bricks of change (dirty or, cold, candidate) recomputed in one pass at most
 TILE_SHIFT = 4  # tiles of 16^3 bricks: the unit a large change is grouped by
 DENSE_CELLS = 1 << 25  # largest bounding box (bricks) that brick-set dilation maps densely (64 MiB fp16)
 
