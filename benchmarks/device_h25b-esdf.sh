@@ -16,7 +16,7 @@ el() { echo "$1 rc=$2 after $(( $(date +%s) - start )) s" | tee -a "$D/gpu.txt";
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$D/gpu.txt" 2>&1
 timeout 170 python benchmarks/bench_esdf.py --device cuda --parts ${PARTS:-lidar lidar-occ depth city} \
   --lidar-frames 15 --depth-frames 15 --warmup 2 --count-frames 1 --depth-voxels 0.02 0.005 \
-  --city-scans 300 --out "$D/esdf_new.md" > "$D/new.log" 2>&1
+  --city-scans ${CITY_SCANS:-300} --city-extent ${CITY_EXTENT:-1200} --out "$D/esdf_new.md" > "$D/new.log" 2>&1
 el bench-new $?
 timeout 40 python -m pytest -q -p no:cacheprovider tests/test_linemin.py -k cuda > "$D/tests.log" 2>&1
 el tests-linemin $?

@@ -70,6 +70,13 @@ def _line_min_kernel(
         q -= 1
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous at a 16-byte aligned address (Triton specialises pointers on it: a column view of
+    one row would otherwise compile a second variant during a frame)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def line_min_triton(
     lo: torch.Tensor, hi: torch.Tensor, near: torch.Tensor, start: torch.Tensor, length: torch.Tensor
 ) -> torch.Tensor:
@@ -80,12 +87,12 @@ def line_min_triton(
         return out
     grid = (triton.cdiv(n_lines, BLOCK),)
     _line_min_kernel[grid](
-        lo.contiguous(),
-        hi.contiguous(),
-        near.contiguous(),
+        _aligned(lo),
+        _aligned(hi),
+        _aligned(near),
         out,
-        start.to(torch.int64).contiguous(),
-        length.to(torch.int64).contiguous(),
+        _aligned(start.to(torch.int64)),
+        _aligned(length.to(torch.int64)),
         n_lines,
         BLOCK=BLOCK,
         num_warps=1,
