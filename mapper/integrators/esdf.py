@@ -36,6 +36,13 @@ voxels, whatever the max distance; on the CPU the envelope passes run only on th
 need (the stored bricks grown by ``Rb`` along the passes still to come, see :func:`squared_distances`), on
 CUDA on the whole domain (fewer host ops; the same values).
 
+**Working memory.** The line passes read the crossings through one int32 voxel -> site index and run in
+chunks of whole brick runs (``CPU_ROWS`` / ``CUDA_ROWS`` slots; on CUDA the Triton line kernel of
+:mod:`mapper.kernels.linemin`, no temporaries). A change of more than ``tile_bricks`` ESDF bricks (a cold
+map, a backlog) and a cold ``recompute`` of a large map run in groups of whole ``2^TILE_SHIFT``-brick
+tiles, each with its own regions (below), so the working set follows a group, not the map; each group is
+exact, so the result is the one-pass result bit for bit.
+
 **Incremental == cold**, bit for bit: a value depends only on the crossings whose site voxels lie within
 ``M`` (box) of the voxel, on the voxel's own source values, and on intermediate values on the lines
 between the two, which are inside that box; every float is formed element-wise from the same operands
