@@ -46,6 +46,8 @@ def _sync(dev):
 
 
 def run(m: Map, frames, kind: str, dev, warmup: int, seconds: float = math.inf, every: int = 0) -> dict:
+    """Integrate ``frames`` (and update the ESDF after each where the map has one); times and peak memory."""
+    has_esdf = "esdf" in m.layers
     tot, esdf, trend = [], [], []
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -60,7 +62,8 @@ def run(m: Map, frames, kind: str, dev, warmup: int, seconds: float = math.inf, 
         else:
             m.integrate_depth(f[0], f[1], f[2])
         t1 = time.perf_counter()
-        m.update_esdf()
+        if has_esdf:
+            m.update_esdf()
         _sync(dev)
         t2 = time.perf_counter()
         if i >= warmup:
@@ -70,7 +73,13 @@ def run(m: Map, frames, kind: str, dev, warmup: int, seconds: float = math.inf, 
             pk = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else float("nan")
             recent = np.median(tot[-every:]) if tot else float("nan")
             trend.append(
-                (i + 1, pk, float(recent), m.stats()["layers"]["esdf"]["voxels"], time.perf_counter() - start)
+                (
+                    i + 1,
+                    pk,
+                    float(recent),
+                    m.stats()["layers"]["esdf"]["voxels"] if has_esdf else 0,
+                    time.perf_counter() - start,
+                )
             )
             print(
                 "trend frames {} peak {:.3f} GiB median {:.2f} ms esdf voxels {} at {:.1f} s".format(
@@ -87,7 +96,9 @@ def run(m: Map, frames, kind: str, dev, warmup: int, seconds: float = math.inf, 
         "p99": float(np.percentile(t, 99)),
         "max": float(t.max()),
         "esdf_median": float(np.median(esdf)),
-        "esdf_voxels": st["esdf"]["voxels"],
+        "esdf_p99": float(np.percentile(esdf, 99)),
+        "esdf_max": float(np.max(esdf)),
+        "esdf_voxels": st["esdf"]["voxels"] if has_esdf else 0,
         "free_voxels": st.get("free", {}).get("voxels", 0),
         "tsdf_voxels": st["tsdf"]["voxels"],
         "peak_gib": peak,
@@ -253,6 +264,41 @@ def kernel_case(n_bricks: int, margin: int, dev, reps: int = 5) -> dict:
     return {"voxels": bricks.shape[0] * 64, "sites": vox.shape[0], "median": float(np.median(ts))}
 
 
+def city_case(n_scans: int, extent_m: float, speed_mps: float, dev, tile_bricks: int | None) -> dict:
+    """A street map (``mapper.sim.lidar_sequence``: 64-beam scans, ``speed_mps / 10`` m apart) integrated
+    at 10 cm without ESDF updates, then one ``update_esdf()`` of the whole map (cold, tile by tile):
+    seconds, the GPU memory it adds at its peak, voxels."""
+    from mapper.integrators import esdf as esdf_mod
+
+    m = Map(0.1, ("tsdf", "esdf"), dev, max_range_m=60.0)
+    if tile_bricks:
+        m._esdf.tile_bricks = tile_bricks
+    t0 = time.perf_counter()
+    for pts, T in sim.lidar_sequence(n_scans, dev, 0, extent_m=extent_m, speed_mps=speed_mps):
+        m.integrate_lidar(pts, T)
+    _sync(dev)
+    build = time.perf_counter() - t0
+    before = torch.cuda.memory_allocated() if dev.type == "cuda" else 0
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    r = m.update_esdf()
+    _sync(dev)
+    secs = time.perf_counter() - t0
+    extra = (torch.cuda.max_memory_allocated() - before) / 2**30 if dev.type == "cuda" else float("nan")
+    st = m.stats()["layers"]
+    return {
+        "scans": n_scans,
+        "build_s": build,
+        "seconds": secs,
+        "extra_gib": extra,
+        "tsdf_voxels": st["tsdf"]["voxels"],
+        "esdf_voxels": st["esdf"]["voxels"],
+        "tiles": r.get("tiles", 1),
+        "tile_bricks": esdf_mod.TILE_BRICKS if not tile_bricks else tile_bricks,
+    }
+
+
 def depth_frames(n, dev, seed=0):
     cam = sim.PinholeCamera.kinect()
     return list(sim.depth_sequence(n, cam, dev, seed, max_range_m=8.0))
@@ -285,6 +331,12 @@ def main(argv=None):
         "--profile", type=int, default=0, help="profile this many ESDF updates (depth, first voxel)"
     )
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--lidar-occ-voxel", type=float, default=0.05, help="lidar-occ: all voxels")
+    ap.add_argument("--city-scans", type=int, default=300, help="city: scans (the issue's street: 1100)")
+    ap.add_argument("--city-speed", type=float, default=20.0, help="city: m/s at 10 Hz (2 m a scan)")
+    ap.add_argument("--city-extent", type=float, default=1200.0, help="city: outdoor_scene extent (m)")
+    ap.add_argument("--tile-bricks", type=int, default=0, help="city: tile_bricks (0: default)")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the runs without the ESDF (peak memory)")
     ap.add_argument("--out", default=None)
     ap.add_argument(
         "--subset-passes",
@@ -292,6 +344,10 @@ def main(argv=None):
         help="CUDA: envelope passes on the stored bricks' subsets (esdf.SUBSET_PASSES_CUDA), not the domain",
     )
     args = ap.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("mapper.integrators.esdf").setLevel(logging.INFO)  # tiled updates say so
     if args.subset_passes:
         from mapper.integrators import esdf as _esdf
 
@@ -307,17 +363,18 @@ def main(argv=None):
         f"- hardware: {hw}; torch {torch.__version__}; threads {torch.get_num_threads()}",
         f"- command: `python {' '.join(sys.argv)}`",
         "",
-        "| case | frames | ms/frame median | p99 | max | ESDF update median | ESDF voxels | free voxels |"
-        " TSDF voxels | peak GiB | ops / update | launches / update | syncs / update (debug mode; sync"
-        " calls) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| case | frames | ms/frame median | p99 | max | ESDF update median | p99 | max | ESDF voxels | free"
+        " voxels | TSDF voxels | peak GiB | peak GiB without ESDF | ops / update | launches / update |"
+        " syncs / update (debug mode; sync calls) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def row(label, r):
         line = (
             f"| {label} | {r['frames']} | {r['median']:.2f} | {r['p99']:.2f} | {r['max']:.2f} | "
-            f"{r['esdf_median']:.2f} | {r['esdf_voxels']:,} | {r['free_voxels']:,} | {r['tsdf_voxels']:,} | "
-            f"{r['peak_gib']:.2f} | {r.get('ops', math.nan):.0f} | "
+            f"{r['esdf_median']:.2f} | {r['esdf_p99']:.2f} | {r['esdf_max']:.2f} | {r['esdf_voxels']:,} | "
+            f"{r['free_voxels']:,} | {r['tsdf_voxels']:,} | "
+            f"{r['peak_gib']:.3f} | {r.get('peak_base', math.nan):.3f} | {r.get('ops', math.nan):.0f} | "
             f"{r.get('launches', math.nan):.0f} | {r.get('syncs', math.nan):.0f}; "
             f"{r.get('sync_calls', math.nan):.0f} |"
         )
@@ -334,6 +391,11 @@ def main(argv=None):
             m = Map(v, ("tsdf", "esdf"), dev, esdf_voxel_size_m=args.esdf_voxel, max_range_m=8.0)
             r = run(m, dframes[: args.depth_frames + args.warmup], "depth", dev, args.warmup)
             r.update(counts(m, dframes, "depth", dev, args.count_frames))
+            if not args.no_baseline:
+                base = Map(v, ("tsdf",), dev, max_range_m=8.0)
+                fr = dframes[: args.depth_frames + args.warmup]
+                r["peak_base"] = run(base, fr, "depth", dev, 0)["peak_gib"]
+                del base
             row(f"depth 640x480, TSDF {v * 100:g} cm, ESDF {args.esdf_voxel * 100:g} cm, max 2 m", r)
             if args.profile and v == args.depth_voxels[0]:
                 try:
@@ -347,8 +409,24 @@ def main(argv=None):
             m = Map(v, ("tsdf", "esdf"), dev, esdf_voxel_size_m=args.lidar_esdf_voxel, max_range_m=60.0)
             r = run(m, lframes, "lidar", dev, args.warmup)
             r.update(counts(m, lframes, "lidar", dev, args.count_frames))
+            if not args.no_baseline:
+                base = Map(v, ("tsdf",), dev, max_range_m=60.0)
+                r["peak_base"] = run(base, lframes, "lidar", dev, 0)["peak_gib"]
+                del base
             row(f"LiDAR 120k, TSDF {v * 100:g} cm, ESDF {args.lidar_esdf_voxel * 100:g} cm, max 2 m", r)
             del m
+    if "lidar-occ" in args.parts:
+        lframes = lidar_frames(args.lidar_frames + args.warmup, dev)
+        v = args.lidar_occ_voxel
+        m = Map(v, ("tsdf", "occupancy", "esdf"), dev, esdf_voxel_size_m=v, max_range_m=60.0)
+        r = run(m, lframes, "lidar", dev, args.warmup)
+        r.update(counts(m, lframes, "lidar", dev, args.count_frames))
+        if not args.no_baseline:
+            base = Map(v, ("tsdf", "occupancy"), dev, max_range_m=60.0)
+            r["peak_base"] = run(base, lframes, "lidar", dev, 0)["peak_gib"]
+            del base
+        row(f"LiDAR 120k, TSDF + occupancy {v * 100:g} cm, ESDF {v * 100:g} cm, max 2 m", r)
+        del m
     if "maxd" in args.parts:
         for md in args.max_distances:
             m = Map(
@@ -395,6 +473,22 @@ def main(argv=None):
             lines.append(f"| {mm} | {k['voxels']:,} | {k['sites']:,} | {k['median']:.2f} |")
             print(lines[-1], flush=True)
         lines.append("")
+    if "city" in args.parts:
+        c = city_case(args.city_scans, args.city_extent, args.city_speed, dev, args.tile_bricks)
+        lines += [
+            "",
+            "| cold ESDF of a street map (10 cm, max 2 m) | scans | build s | TSDF voxels | ESDF voxels |"
+            " tiles | update_esdf s | extra GiB at peak |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| {c['scans'] * args.city_speed / 10:.0f} m drive | {c['scans']} | {c['build_s']:.1f} | "
+            f"{c['tsdf_voxels']:,} | {c['esdf_voxels']:,} | {c['tiles']} (tile_bricks {c['tile_bricks']}) | "
+            f"{c['seconds']:.2f} | {c['extra_gib']:.2f} |",
+            "",
+        ]
+        print("\n".join(lines[-4:]), flush=True)
+        if args.out:
+            with open(args.out, "w") as fh:
+                fh.write("\n".join(lines) + "\n")
     if "room" in args.parts:
         m = Map(args.room_voxel, ("tsdf", "esdf"), dev, esdf_voxel_size_m=args.esdf_voxel, max_range_m=8.0)
         cam = sim.PinholeCamera.kinect()

@@ -37,7 +37,7 @@ DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "norlab
 
 STAGES = {  # cProfile function name -> stage (cumulative time)
     "distance_pass": "1-D distance passes (min-plus / envelope)",
-    "_line_min": "line passes (nearest crossing)",
+    "line_min": "line passes (nearest crossing)",
     "_line_layout": "line layouts",
     "squared_distances": "transform (all of it)",
     "_recompute": "update (all of it)",

@@ -383,7 +383,7 @@ def test_incremental_equals_cold_edits(device):
 @pytest.mark.parametrize("source", ["tsdf", "occupancy"])
 def test_cuda_path_choices_equal_cpu_path(monkeypatch, source):
     """The CUDA path's choices taken on the CPU (``esdf._cuda_path``: one chunk per pass, dense brick
-    sets, prefix counts, the line passes of all orientations in one batch, the envelope passes on the
+    sets, prefix counts, the line passes in chunks of ``CUDA_ROWS`` slots, the envelope passes on the
     whole domain) give the CPU path's layer bit for bit, cold and incremental (the CPU path is checked
     against SciPy / brute force above; CUDA runs these choices)."""
     from mapper.integrators import esdf as esdf_mod

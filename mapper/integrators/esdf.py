@@ -36,6 +36,13 @@ voxels, whatever the max distance; on the CPU the envelope passes run only on th
 need (the stored bricks grown by ``Rb`` along the passes still to come, see :func:`squared_distances`), on
 CUDA on the whole domain (fewer host ops; the same values).
 
+**Working memory.** The line passes read the crossings through one int32 voxel -> site index and run in
+chunks of whole brick runs (``CPU_ROWS`` / ``CUDA_ROWS`` slots; on CUDA the Triton line kernel of
+:mod:`mapper.kernels.linemin`, no temporaries). A change of more than ``tile_bricks`` ESDF bricks (a cold
+map, a backlog) and a cold ``recompute`` of a large map run in groups of whole ``2^TILE_SHIFT``-brick
+tiles, each with its own regions (below), so the working set follows a group, not the map; each group is
+exact, so the result is the one-pass result bit for bit.
+
 **Incremental == cold**, bit for bit: a value depends only on the crossings whose site voxels lie within
 ``M`` (box) of the voxel, on the voxel's own source values, and on intermediate values on the lines
 between the two, which are inside that box; every float is formed element-wise from the same operands
@@ -47,6 +54,7 @@ bricks that a change can reach with everything they need (see the margins in ``u
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 
@@ -56,12 +64,20 @@ from ..errors import InvalidArgument, InvalidArgumentType
 from ..grid import IndexGrid
 from ..kernels.envelope import distance_pass
 from ..kernels.keys import VOXEL_KEY_BITS
+from ..kernels.linemin import index_dtype as _index_dtype
+from ..kernels.linemin import line_min as _line_min
+from ..kernels.linemin import nearest_marked as _nearest_marked  # noqa: F401 - tests compare its forms
 from ..layers import BrickLayer, FieldSpec, brick_in_leaf, brick_local_coords, brick_offsets
 from .common import keys_to_ijk, voxel_keys
 
+log = logging.getLogger(__name__)
+
 CPU_ROWS = 1 << 17  # slots per chunk of a line pass on the CPU (int32: 512 KB per array)
+CUDA_ROWS = 1 << 23  # slots per chunk of a line pass on CUDA (~100 B of temporaries a slot)
 CPU_BRICKS = 1 << 11  # bricks per chunk for site extraction and distances on the CPU
 SUBSET_PASSES_CUDA = False  # CUDA: envelope passes on the stored bricks' subsets (True) or the domain
+TILE_BRICKS = 1 << 18  # ESDF bricks of change (dirty or, cold, candidate) recomputed in one pass at most
+TILE_SHIFT = 4  # tiles of 16^3 bricks: the unit a large change is grouped by
 DENSE_CELLS = 1 << 25  # largest bounding box (bricks) that brick-set dilation maps densely (64 MiB fp16)
 
 
@@ -726,7 +742,8 @@ def _line_layout(
     top = nb if index is None else index_range
     perm = torch.empty(nb * 64, dtype=_index_dtype(top * 64), device=dev)
     ar64 = torch.arange(64, device=dev)
-    for sl in _chunks(nb, dev, CPU_BRICKS):
+    step_b = max(rows // 64, CPU_BRICKS)  # bricks per chunk (8 B temporaries a slot): bounded on CUDA too
+    for sl in (slice(s0, min(s0 + step_b, nb)) for s0 in range(0, nb, step_b)):
         pos = start[sl, None] + sub[None, :] * step[sl, None] + local[None, :, axis]
         brick = order[sl] if index is None else index[order[sl]]
         perm[pos.reshape(-1)] = (brick[:, None] * 64 + ar64).reshape(-1).to(perm.dtype)
@@ -734,7 +751,7 @@ def _line_layout(
     starts = (base_s[:, None] + ar16[None, :] * (4 * cs)[:, None]).reshape(-1)
     lengths = (4 * cs)[:, None].expand(-1, 16).reshape(-1)
     total = nb * 64
-    if _cuda_path(dev) or total <= rows:
+    if total <= rows:  # one chunk (CUDA: ``CUDA_ROWS``, a bound on the line passes' temporaries)
         return perm, starts, lengths, [(0, total, 0, starts.numel())]
     cut = torch.ones(base_s.numel(), dtype=torch.bool, device=dev)
     cut[1:] = (base_s[1:] // rows) != (base_s[:-1] // rows)
@@ -742,11 +759,6 @@ def _line_layout(
     bounds = torch.cat((base_s[run0], base_s.new_tensor([total]))).tolist()
     lines = torch.cat((run0 * 16, run0.new_tensor([starts.numel()]))).tolist()
     return perm, starts, lengths, list(zip(bounds[:-1], bounds[1:], lines[:-1], lines[1:], strict=True))
-
-
-def _index_dtype(n: int) -> torch.dtype:
-    """int32 for indices below ``n`` where they and the line passes' ``+-2^30`` sentinels fit, else int64."""
-    return torch.int32 if n < (1 << 30) else torch.int64
 
 
 def _runs_with(bricks: torch.Tensor, axis: int, marked: torch.Tensor) -> torch.Tensor | None:
@@ -766,56 +778,6 @@ def _runs_with(bricks: torch.Tensor, axis: int, marked: torch.Tensor) -> torch.T
     if bool(keep.all()):
         return None
     return torch.sort(order[keep])[0]
-
-
-def _nearest_marked(
-    has: torch.Tensor, ar: torch.Tensor, far: int, by_count: bool | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """For every slot, the nearest slot strictly left / right with ``has`` set (``ar``'s dtype; ``-far`` /
-    ``far`` where none). Two equivalent forms (the same integers): on CUDA a prefix count and a lookup,
-    because a scan with indices (``torch.cummax``) runs one row per block there (~100x slower on a long
-    row); on the CPU the running max/min, 2x cheaper than the count and lookup (``by_count``: force)."""
-    if by_count if by_count is not None else _cuda_path(has.device):
-        count = torch.cumsum(has, 0, dtype=ar.dtype)
-        pos = has.nonzero().squeeze(1).to(ar.dtype)
-        left = torch.cat((pos.new_full((1,), -far), pos))[count - has.to(ar.dtype)]
-        right = torch.cat((pos, pos.new_full((1,), far)))[count]
-        return left, right
-    left = torch.cummax(torch.where(has, ar, -far), 0)[0]
-    left = torch.cat((left.new_full((1,), -far), left[:-1]))
-    right = torch.cummin(torch.where(has, ar, far).flip(0), 0)[0].flip(0)
-    right = torch.cat((right[1:], right.new_full((1,), far)))
-    return left, right
-
-
-def _line_min(
-    lo: torch.Tensor, hi: torch.Tensor, near: torch.Tensor, start: torch.Tensor, length: torch.Tensor
-) -> torch.Tensor:
-    """Squared 1-D distance from every slot to the nearest crossing on its line, float32.
-
-    ``lo`` / ``hi`` / ``near`` (float32 ``[P]``, NaN = none): the slot's leftmost, rightmost and nearest
-    crossing as signed offsets (voxels, in ``[-1/2, 1/2]``) along the line; the lines (int64 ``start`` /
-    ``length``, ``[L]``) cover the ``P`` slots one after the other. A voxel's crossings lie within half a
-    voxel of it, so the nearest crossing left of a slot belongs to the slot itself or to the nearest voxel
-    on the left of its line that has one (its rightmost crossing), and symmetrically on the right.
-    Distances are formed from the integer slot difference and the offsets only, so equal lines give equal
-    bits wherever they sit in the layout; inf where the line has no crossing.
-    """
-    n = lo.numel()
-    idt = _index_dtype(n)
-    far = 1 << 30 if idt == torch.int32 else 1 << 40  # "no voxel"
-    ar = torch.arange(n, dtype=idt, device=lo.device)
-    has = ~torch.isnan(lo)
-    left, right = _nearest_marked(has, ar, far)
-    start, length = start.to(idt), length.to(idt)
-    ls = torch.repeat_interleave(start, length, output_size=n)
-    le = ls + torch.repeat_interleave(length, length, output_size=n)
-    dl = (ar - left).to(torch.float32) - hi[left.clamp(0, n - 1)]
-    dr = (right - ar).to(torch.float32) + lo[right.clamp(0, n - 1)]
-    dl = torch.where(left >= ls, dl, math.nan)  # none on this line
-    dr = torch.where(right < le, dr, math.nan)
-    best = torch.fmin(torch.fmin(dl * dl, dr * dr), near * near)
-    return torch.nan_to_num_(best, nan=math.inf)
 
 
 def squared_distances(
@@ -862,6 +824,8 @@ def squared_distances(
     dev = bricks.device
     nb = bricks.shape[0]
     n = nb * 64
+    if _cuda_path(dev):
+        rows = CUDA_ROWS
     keys = voxel_keys(bricks)
     at = torch.searchsorted(keys, voxel_keys(site_vox >> 2)) * 64 + brick_offsets(site_vox)
     rb = -(-margin // 4)
@@ -911,11 +875,17 @@ def squared_distances(
         rows_ = _runs_with(bricks, axis, marked)
         return None if rows_ is None else bricks[rows_]
 
+    # voxel -> its site row (``S``: none), 4 B a voxel shared by the three axes (was a float32 [n + 1, 3]
+    # table of crossings per axis, 12 B a voxel each): a slot's crossings are one gather through it
+    n_sites = site_t.shape[0]
+    site_of = torch.full((n + 1,), n_sites, dtype=_index_dtype(n_sites + 1), device=dev)
+    site_of[at] = torch.arange(n_sites, dtype=site_of.dtype, device=dev)
+
     def crossings(axis):
-        """float32 ``[n + 1, 3]``: leftmost, rightmost, nearest crossing per voxel (NaN: none)."""
-        d = torch.full((n + 1, 3), math.nan, dtype=torch.float32, device=dev)
-        d[at] = site_t[:, 3 * axis : 3 * axis + 3]
-        return d
+        """float32 ``[S + 1, 3]``: leftmost, rightmost, nearest crossing per site row (NaN: none; row ``S``
+        = no site), read through ``site_of``."""
+        d = site_t[:, 3 * axis : 3 * axis + 3]
+        return torch.cat((d, d.new_full((1, 3), math.nan)))
 
     def run(axis, jobs, name=""):
         perm, starts, lengths, chunks = layout(axis, name)
@@ -930,7 +900,7 @@ def squared_distances(
         cr = crossings(axis)
 
         def job(idx, start, length):
-            c = cr[idx]  # one gather of the three columns
+            c = cr[site_of[idx]]  # one gather of the three columns
             out[idx] = _line_min(c[:, 0], c[:, 1], c[:, 2], start, length)
 
         job.chunked = True
@@ -946,30 +916,12 @@ def squared_distances(
     def fresh():
         return torch.full((n + 1,), math.inf, dtype=torch.float32, device=dev)
 
-    def line_passes():
-        """CUDA path: the line passes of every orientation at once (one :func:`_line_min` over the three
-        full-domain layouts laid one after the other; each line's values depend only on its own slots)."""
-        k = len(axes)
-        out = torch.full((k, n + 1), math.inf, dtype=torch.float32, device=dev)
-        cr = torch.full((k, n + 1, 3), math.nan, dtype=torch.float32, device=dev)
-        cols = torch.tensor([[3 * x, 3 * x + 1, 3 * x + 2] for x in axes], device=dev)
-        cr[:, at] = site_t[:, cols].transpose(0, 1)  # [k, S, 3]
-        idt = _index_dtype(k * (n + 1))
-        parts = [layout(x) for x in axes]
-        idx = torch.cat([p[0].to(idt) + j * (n + 1) for j, p in enumerate(parts)])
-        starts = torch.cat([p[1] + j * n for j, p in enumerate(parts)])
-        lengths = torch.cat([p[2] for p in parts])
-        c = cr.view(-1, 3)[idx]
-        del cr
-        out.view(-1)[idx] = _line_min(c[:, 0], c[:, 1], c[:, 2], starts, lengths)
-        return dict(zip(axes, out.unbind(0), strict=True))
-
     # CUDA: the envelope passes on the whole domain (its three layouts, built once for the line passes:
     # exact, as the cold path; the per-pass subsets below cost ~70 host ops and 3 syncs each, more than
     # the passes they save there); the CPU keeps the subsets (its passes cost per slot)
     batched = _cuda_path(dev) and not SUBSET_PASSES_CUDA
     w = "" if out_bricks is None or batched else "W"
-    pre = line_passes() if batched else {}
+    pre: dict = {}
     a = b = c = None
     if 2 in axes:
         a = pre.get(2)
@@ -992,7 +944,8 @@ def squared_distances(
         if c is None:
             c = fresh()
             run(0, [line_job(c, 0)], "lines")
-            layouts.clear()
+            if not batched:  # the CPU rebuilds the two layouts below rather than keep all three
+                layouts.clear()
         run(1, [window_job(c)], w + "kj")
         run(2, [window_job(c)], w + "k")
         a = c if a is None else torch.minimum(a, c, out=a)
@@ -1054,6 +1007,7 @@ class EsdfIntegrator:
         self.brick_radius = -(-self.margin // 4)  # Rb = ceil(M / 4)
         self.layer = BrickLayer(esdf_fields(self.max_distance_m), self.device)
         self.last: dict = {}
+        self.tile_bricks = TILE_BRICKS  # a larger change is recomputed in tiles (bounded working memory)
 
     @property
     def same_lattice(self) -> bool:
@@ -1103,8 +1057,12 @@ class EsdfIntegrator:
         # voxel, all inside the box of half-width M around the voxel: R = O + Rb. The domain computed is
         # (site bricks in R) + Rb and (observed bricks in R) + Rb, restricted to R, which holds every
         # intermediate of those boxes.
-        out_region, region = _dilate_pair(delta, 1 + self.brick_radius, 1 + 2 * self.brick_radius)
-        res = self._recompute(tsdf, occupancy, free, region, out_region)
+        # A change larger than ``tile_bricks`` (a cold map after an import or a restart, a long drive's
+        # backlog) is recomputed tile by tile: every tile's regions are its own delta's, so the working set
+        # follows the tile, and the union of the tiles' outputs is the whole delta's (each exact).
+        res = self._tiled(
+            delta, 1 + self.brick_radius, lambda o, r: self._recompute(tsdf, occupancy, free, r, o)
+        )
         res["ms"] = (time.perf_counter() - t0) * 1e3
         self.last = res
         return dict(res)
@@ -1112,12 +1070,92 @@ class EsdfIntegrator:
     def recompute(
         self, tsdf: BrickLayer | None, occupancy: BrickLayer | None, free: BrickLayer | None = None
     ):
-        """Rebuild the whole ESDF from the source layers (cold); same result as the incremental path."""
+        """Rebuild the whole ESDF from the source layers (cold); same result as the incremental path.
+
+        A map of more than ``tile_bricks`` candidate ESDF bricks is rebuilt tile by tile (bounded working
+        memory, progress in the log): every ESDF brick that may hold an observed voxel or is stored now is
+        one tile's output, computed from its tile grown by ``Rb`` (every site and intermediate it needs)."""
         t0 = time.perf_counter()
-        res = self._recompute(tsdf, occupancy, free, None, None)
+        cand = self._cold_candidates(tsdf, occupancy, free)
+        if cand is None:
+            res = self._recompute(tsdf, occupancy, free, None, None)
+        else:
+            res = self._tiled(cand, 0, lambda o, r: self._recompute(tsdf, occupancy, free, r, o))
         res["ms"] = (time.perf_counter() - t0) * 1e3
         self.last = res
         return dict(res)
+
+    def _cold_candidates(self, tsdf, occ, free) -> torch.Tensor | None:
+        """Sorted unique ESDF bricks a cold rebuild must visit (those that may hold an observed voxel, and
+        the stored ones), or None when the map is small enough for one pass (``tile_bricks``)."""
+        n = sum(la.num_bricks for la in (tsdf, occ, free, self.layer) if la is not None)
+        if n <= self.tile_bricks:
+            return None
+        parts = [self.layer.brick_table()[0]] if self.layer.grid.num_leaves else []
+        for la in (tsdf, occ):
+            if la is not None and la.grid.num_leaves:
+                b = la.brick_table()[0]
+                parts.append(
+                    b if self.same_lattice else fine_to_coarse_bricks(_unique_bricks(b), self.ratio, 2)
+                )
+        if free is not None and free.grid.num_leaves:
+            parts.append(free.brick_table()[0])
+        if not parts:
+            return None
+        return _unique_bricks(torch.cat(parts))
+
+    def _tiled(self, delta: torch.Tensor, grow: int, step) -> dict:
+        """``step(out_region, region)`` over ``delta`` (sorted unique ESDF bricks) grown by ``grow`` (output)
+        and ``grow + Rb`` (sources): at once when ``delta`` has at most ``tile_bricks`` bricks, else over
+        groups of whole tiles (``2^TILE_SHIFT`` bricks a side, in key order) of about ``tile_bricks`` delta
+        bricks each, logging progress. Returns the summed counts."""
+        rb = self.brick_radius
+        if delta.shape[0] <= self.tile_bricks:
+            if grow:
+                out_region, region = _dilate_pair(delta, grow, grow + rb)
+            else:
+                out_region, region = delta, _dilate_bricks(delta, rb)
+            return step(out_region, region)
+        tile = voxel_keys(delta >> TILE_SHIFT)
+        tile, order = torch.sort(tile, stable=True)
+        _, counts = torch.unique_consecutive(tile, return_counts=True)
+        bounds, acc = [0], 0
+        for c in counts.tolist():  # one read: whole tiles per group, about tile_bricks delta bricks each
+            if acc and acc + c > self.tile_bricks:
+                bounds.append(bounds[-1] + acc)
+                acc = 0
+            acc += c
+        bounds.append(bounds[-1] + acc)
+        n_groups = len(bounds) - 1
+        t0 = time.perf_counter()
+        log.info("esdf: updating %d bricks in %d tile groups", delta.shape[0], n_groups)
+        total: dict = {
+            "skipped": False,
+            "recomputed_voxels": 0,
+            "computed_voxels": 0,
+            "sites": 0,
+            "bricks_freed": 0,
+        }
+        for g in range(n_groups):
+            part = _unique_bricks(delta[order[bounds[g] : bounds[g + 1]]])
+            if grow:
+                out_region, region = _dilate_pair(part, grow, grow + rb)
+            else:
+                out_region, region = part, _dilate_bricks(part, rb)
+            res = step(out_region, region)
+            for k in ("recomputed_voxels", "computed_voxels", "sites", "bricks_freed"):
+                total[k] += res[k]
+            del out_region, region, part, res
+            if g + 1 == n_groups or (g + 1) % max(n_groups // 10, 1) == 0:
+                log.info(
+                    "esdf: tile group %d / %d done (%.1f s, %d voxels written so far)",
+                    g + 1,
+                    n_groups,
+                    time.perf_counter() - t0,
+                    total["recomputed_voxels"],
+                )
+        total["tiles"] = n_groups
+        return total
 
     def sites(
         self, tsdf: BrickLayer | None, occupancy: BrickLayer | None
