@@ -6,7 +6,7 @@ choices on the CPU (``esdf._cuda_path``), a proxy for its GPU working memory (th
 passes stand in for the Triton kernels). ``--tile N`` sets ``tile_bricks``; ``--cold N`` then rebuilds the
 ESDF cold with ``tile_bricks = N``. Prints an md5 of the layer (equal digests: equal layers).
 
-Run: ``python benchmarks/probe_esdf_memory.py 0.2 32 3 [--emu] [--tile N] [--cold N]``
+Run: ``python benchmarks/tools/probe_esdf_memory.py 0.2 32 3 [--emu] [--tile N] [--cold N]``
 (voxel m, beams, frames).
 """
 
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from mapper import Map, sim  # noqa: E402
 
 emu = "--emu" in sys.argv

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # H200 run of branch h25b (issue 25: the ESDF update's working memory and speed), <= ~300 s on one H200,
-# from the repository root with $OUT set:  bash benchmarks/device_h25b-esdf.sh
+# from the repository root with $OUT set:  bash benchmarks/tools/device_h25b-esdf.sh
 # 1. bench_esdf.py, new tree: depth 640x480 (TSDF 2 / 0.5 cm, ESDF 5 cm), LiDAR 120 k (TSDF 10 / 5 cm,
 #    ESDF 10 cm), LiDAR TSDF + occupancy + ESDF 5 cm, each with its peak without the ESDF; the cold ESDF of
 #    a 600 m street map (300 scans);
