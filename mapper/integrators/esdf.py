@@ -88,7 +88,8 @@ def esdf_fields(max_distance_m: float) -> dict[str, FieldSpec]:
 
 def _cuda_path(device: torch.device) -> bool:
     """Whether the update takes the CUDA path's choices (one chunk per pass, dense brick sets, prefix
-    counts): on CUDA; ``benchmarks/tools/count_esdf_ops.py`` switches it on to count that path's ops on the CPU."""
+    counts): on CUDA; ``benchmarks/tools/count_esdf_ops.py`` switches it on to count that path's ops on
+    the CPU."""
     return device.type == "cuda"
 
 
