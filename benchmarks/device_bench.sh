@@ -12,7 +12,8 @@
 #   depth       bench_frame.py depth TSDF 2 cm / 1 cm / 5 mm, 1000 frames
 #   occ         bench_frame.py occupancy 5 cm, 100 frames
 #   mesh        bench_mesh.py: incremental after each depth frame at 5 cm (stage profile), full mesh
-#   esdf        bench_esdf.py: the per-frame ESDF update after LiDAR frames at 10 cm
+#   esdf        bench_esdf.py: issue 25's rows (LiDAR 10/10, 5/10, TSDF+occ+ESDF 5 cm, depth 2/1/0.5 cm + ESDF 5 cm,
+#               peak memory with/without the ESDF, the cold 2.2 km street map)
 #   room        bench_esdf.py: the 1000-frame room sequence (peak memory every 100 frames)
 #   service     bench_service.py, CUDA server, 10 cm tsdf+esdf over WebSocket: 4 robots + queries + ESDF
 #               slices, then 16 robots
@@ -59,8 +60,9 @@ for step in "$@"; do
       run mesh 40 python3 $B/bench_mesh.py --device cuda --parts incremental --sensor depth --frames 16 --reps 10 \
         --profile --out "$M"
       run mesh-full 30 python3 $B/bench_mesh.py --device cuda --parts full --reps 10 --out "$OUT/mesh-full.md" ;;
-    esdf) run esdf 70 python3 $B/bench_esdf.py --device cuda --parts lidar --lidar-voxels 0.1 --lidar-frames 30 \
-        --warmup 3 --count-frames 1 --out "$M" ;;
+    esdf) run esdf 230 python3 $B/bench_esdf.py --device cuda --parts lidar lidar-occ depth city \
+        --lidar-frames 20 --depth-frames 20 --warmup 3 --count-frames 1 --depth-voxels 0.02 0.01 0.005 \
+        --city-scans ${CITY_SCANS:-1100} --city-extent ${CITY_EXTENT:-2200} --out "$M" ;;
     room) run room 120 python3 $B/bench_esdf.py --device cuda --parts room --room-frames 1000 --room-every 100 \
         --warmup 3 --out "$M" ;;
     service)
