@@ -41,10 +41,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from . import graphs
-from .errors import Conflict, InvalidArgument, InvalidArgumentType
-from .kernels.dispatch import compiled, triton_twin
-from .kernels.marching import (
+from .. import graphs
+from ..errors import Conflict, InvalidArgument, InvalidArgumentType
+from ..kernels.dispatch import compiled, triton_twin
+from ..kernels.marching import (
     BLOCK_BIAS,
     BLOCK_BITS,
     IJ_BIAS,
@@ -54,8 +54,8 @@ from .kernels.marching import (
     changed_neighbourhood_keys,
     marching_cubes,
 )
-from .kernels.marching import neighbour_slots as nbr_slots_op
-from .layers import BrickLayer
+from ..kernels.marching import neighbour_slots as nbr_slots_op
+from ..layers import BrickLayer
 
 # ----------------------------------------------------------------------------------------------------
 # cube geometry: corner c sits at offset (c & 1, (c >> 1) & 1, (c >> 2) & 1) from the cell's min corner;
