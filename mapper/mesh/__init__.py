@@ -40,6 +40,25 @@ module re-exports their names (``from mapper.mesh import X`` keeps working).
 
 from __future__ import annotations
 
+from .build import (
+    _assemble as _assemble,
+)
+from .build import (
+    _check_key_range as _check_key_range,
+)
+from .build import (
+    _check_layer as _check_layer,
+)
+from .build import (
+    _check_voxel_size as _check_voxel_size,
+)
+from .build import (
+    _mesh_blocks as _mesh_blocks,
+)
+from .build import (
+    extract_mesh,
+    neighbour_slots,
+)
 from .cuda_graphs import (
     _BIG as _BIG,
 )
@@ -47,12 +66,7 @@ from .cuda_graphs import (
     _SENTINEL as _SENTINEL,
 )
 from .cuda_graphs import (
-    ARRAY_FIELDS,
-    CORNER_OFFSETS,
     DELTA_GRAPHS,
-    EDGE_AXIS,
-    EDGE_CORNERS,
-    EDGE_MIN_OFFSET,
     GRAPH_BLOCKS_PER_CHANGED,
     GRAPH_LEAVES,
     GRAPH_MAX_BRICKS,
@@ -62,34 +76,7 @@ from .cuda_graphs import (
     GRAPH_TRI_PER_BRICK,
     GRAPH_TRI_PER_CHANGED,
     MC_GRAPHS,
-    VOXEL_RANGE_IJ,
-    VOXEL_RANGE_K,
-    Mesh,
-    affected_blocks,
-    apply_delta,
-    block_keys,
-    case_table,
-    decode_block_keys,
-    decode_edge_keys,
-    edge_keys,
-    empty_mesh,
-    extract_mesh,
-    mesh_since,
-    neighbour_slots,
     warm_graphs,
-)
-from .cuda_graphs import (
-    _assemble as _assemble,
-)
-from .cuda_graphs import (
-    _check_key_range as _check_key_range,
-)
-from .cuda_graphs import (
-    _check_layer as _check_layer,
-)
-from .cuda_graphs import _check_mesh as _check_mesh
-from .cuda_graphs import (
-    _check_voxel_size as _check_voxel_size,
 )
 from .cuda_graphs import (
     _delta_fill as _delta_fill,
@@ -118,11 +105,6 @@ from .cuda_graphs import (
 from .cuda_graphs import (
     _mc_graph_inputs as _mc_graph_inputs,
 )
-from .cuda_graphs import _member as _member
-from .cuda_graphs import _merge_positions as _merge_positions
-from .cuda_graphs import (
-    _mesh_blocks as _mesh_blocks,
-)
 from .cuda_graphs import (
     _mesh_graphed as _mesh_graphed,
 )
@@ -132,11 +114,26 @@ from .cuda_graphs import (
 from .cuda_graphs import (
     _mesh_since_graphed as _mesh_since_graphed,
 )
-from .cuda_graphs import _offsets27 as _offsets27
-from .cuda_graphs import (
+from .delta import _member as _member
+from .delta import _merge_positions as _merge_positions
+from .delta import apply_delta
+from .incremental import _offsets27 as _offsets27
+from .incremental import affected_blocks, mesh_since
+from .keys import (
+    VOXEL_RANGE_IJ,
+    VOXEL_RANGE_K,
+    block_keys,
+    decode_block_keys,
+    decode_edge_keys,
+    edge_keys,
+)
+from .keys import (
     _sorted_unique_blocks as _sorted_unique_blocks,
 )
-from .cuda_graphs import _tables as _tables
+from .tables import CORNER_OFFSETS, EDGE_AXIS, EDGE_CORNERS, EDGE_MIN_OFFSET, case_table
+from .tables import _tables as _tables
+from .types import ARRAY_FIELDS, Mesh, empty_mesh
+from .types import _check_mesh as _check_mesh
 
 __all__ = [
     "ARRAY_FIELDS",
