@@ -35,11 +35,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import _validation as v
-from .errors import InvalidArgument, InvalidArgumentType
-from .integrators.common import check_points, check_pose, keys_to_ijk
-from .kernels import nn
-from .kernels.dispatch import compiled
+from .. import _validation as v
+from ..errors import InvalidArgument, InvalidArgumentType
+from ..integrators.common import check_points, check_pose, keys_to_ijk
+from ..kernels import nn
+from ..kernels.dispatch import compiled
 
 KERNELS = ("geman_mcclure", "huber", "none")
 _HOST = torch.device("cpu")  # poses (float64 4x4) live on the host, whatever the points' device
