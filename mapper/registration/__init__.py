@@ -32,20 +32,11 @@ re-exports their names (``from mapper.registration import X`` keeps working).
 
 from __future__ import annotations
 
-from .voxel_map import (
-    KERNELS,
-    AdaptiveThreshold,
-    Odometry,
-    OdometryConfig,
-    VoxelPointMap,
-    align,
-    deskew,
-    register,
-    se3_exp,
-    se3_log,
-    skew,
-    voxel_downsample,
-)
+from .checks import KERNELS
+from .icp import align, register
+from .odometry import AdaptiveThreshold, Odometry, OdometryConfig, deskew
+from .se3 import se3_exp, se3_log, skew
+from .voxel_map import VoxelPointMap, voxel_downsample
 
 __all__ = [
     "KERNELS",
