@@ -41,8 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._validation import as_tensor, resolve_device
-from .errors import InvalidArgument, InvalidArgumentType
+from .._validation import as_tensor, resolve_device
+from ..errors import InvalidArgument, InvalidArgumentType
 
 __all__ = [
     "Box",
