@@ -41,25 +41,14 @@ generators, ``checks.py`` the input checks; this module re-exports their public 
 
 from __future__ import annotations
 
-from .scene import (
-    Box,
-    Cylinder,
-    PinholeCamera,
-    Plane,
-    Road,
-    Room,
-    Scene,
-    Sphere,
-    SpinningLidar,
-    depth_sequence,
-    driving_trajectory,
-    indoor_scene,
-    lidar_sequence,
-    look_at,
-    orbit_trajectory,
-    outdoor_scene,
-)
-from .scene import Primitive as Primitive  # the union type of the four
+from .factories import indoor_scene, outdoor_scene
+from .layouts import Road, Room
+from .primitives import Box, Cylinder, Plane, Sphere
+from .primitives import Primitive as Primitive  # the union type of the four
+from .scene import Scene
+from .sensors import PinholeCamera, SpinningLidar
+from .sequences import depth_sequence, lidar_sequence
+from .trajectories import driving_trajectory, look_at, orbit_trajectory
 
 __all__ = [
     "Box",
