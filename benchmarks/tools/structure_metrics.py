@@ -4,7 +4,8 @@
 
 ``--root``: a checkout (its ``mapper/`` is measured; default: this repository). Measures:
 
-* largest file of ``mapper/`` (lines) and largest function or method (lines, decorators included);
+* largest file of ``mapper/`` (lines) and largest function or method (lines, decorators included), and how
+  many files exceed 600 lines and functions 80 (the targets);
 * imports inside function bodies in ``mapper/`` (``TYPE_CHECKING`` blocks excluded), and of them those of
   optional dependencies (the extras of ``pyproject.toml``: triton, ray, boto3, foxglove, open3d ...), which
   are deliberately lazy and do not count against the target;
@@ -70,6 +71,8 @@ def measure(root: Path) -> dict:
     files = sorted(pkg.rglob("*.py"))
     largest_file = max((len(p.read_text().splitlines()), str(p.relative_to(root))) for p in files)
     largest_fn = (0, "")
+    big_files = sum(len(p.read_text().splitlines()) > 600 for p in files)
+    big_fns = 0
     fn_imports, fn_imports_optional, fn_imports_package = 0, 0, 0
     use_triton, device_tests = 0, 0
     for p in files:
@@ -79,6 +82,7 @@ def measure(root: Path) -> dict:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
                 n = node.end_lineno - start + 1
+                big_fns += n > 80
                 if n > largest_fn[0]:
                     largest_fn = (n, f"{p.relative_to(root)}::{node.name}")
         inside, skip = _function_nodes(tree), _type_checking_nodes(tree)
@@ -111,6 +115,8 @@ def measure(root: Path) -> dict:
     return {
         "largest file (lines)": f"{largest_file[0]} (`{largest_file[1]}`)",
         "largest function (lines)": f"{largest_fn[0]} (`{largest_fn[1]}`)",
+        "files over 600 lines": big_files,
+        "functions over 80 lines": big_fns,
         "imports inside function bodies (optional deps excluded)": fn_imports,
         "of them of the package itself (`mapper.*`)": fn_imports_package,
         "imports inside function bodies of optional deps (lazy on purpose)": fn_imports_optional,
