@@ -20,7 +20,8 @@ async def healthz() -> dict:
 @router.get("/readyz", responses={503: {"description": "restoring maps or stopping"}})
 async def readyz(service: ServiceDep):
     """Maps are restored and the service accepts work (503 while restoring or stopping). ``failed``: maps
-    left on disk that could not be restored (id -> error); ``quarantined``: per map, the WAL records that
+    left on disk that could not be restored (id -> error); ``degraded``: served maps whose snapshots
+    fail (id -> error; retried); ``quarantined``: per map, the WAL records that
     failed on replay and were kept aside (``maps/<id>/quarantine/``; the map is served without them)."""
     if service.stopping or not service.ready.is_set():
         state = "stopping" if service.stopping else "restoring"
@@ -29,6 +30,7 @@ async def readyz(service: ServiceDep):
         "status": "ready",
         "maps": len(service.maps),
         "failed": service.failed,
+        "degraded": service.degraded(),
         "quarantined": service.quarantine_report(),
         "device": str(service.device),
     }
