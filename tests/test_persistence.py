@@ -64,7 +64,7 @@ def test_corrupt_record_in_the_middle_is_skipped_not_cut(tmp_path):
         bad = tmp_path / f"bad-{where}.log"
         bad.write_bytes(bytes(data))
         seen = []
-        got = [s for s, _ in read_wal(bad, repair=True, on_damage=lambda *a: seen.append(a[:4]))]
+        got = [s for s, _ in read_wal(bad, repair=True, on_damage=lambda *a, seen=seen: seen.append(a[:4]))]
         assert got == [1, 3]
         assert len(seen) == 1 and seen[0][:2] == (rec, 2 * rec) and seen[0][3] is False
         assert bad.stat().st_size == 3 * rec  # nothing cut
