@@ -132,9 +132,10 @@ def test_wal_is_one_object_per_sync_and_replays_in_order(tmp_path, s3, bucket):
     c.put_object(Bucket=bucket, Key=wal_key("m1", 1, 3), Body=bytes(raw))
     damage: list = []
     assert [s for s, _ in md.replay(0, damage)] == [1, 3, 4, 6, 7]
-    assert [(n["offset"], n["bytes"], n["after_seq"]) for n in damage] == [(second, 20 + len(recs[1][1]), 1)]
-    qkey = f"fleet/maps/m1/quarantine/wal-{1:016d}-{3:016d}-{second:012d}"
-    assert c.get_object(Bucket=bucket, Key=qkey + ".bin")["Body"].read() == bytes(raw[second : second + 20 + len(recs[1][1])])
+    size = 20 + len(recs[1][1])
+    assert [(n["offset"], n["bytes"], n["after_seq"]) for n in damage] == [(second, size, 1)]
+    qkey = f"fleet/maps/m1/quarantine/wal-{1:016d}-{3:016d}-{second:012d}.bin"
+    assert c.get_object(Bucket=bucket, Key=qkey)["Body"].read() == bytes(raw[second : second + size])
     assert [n["kind"] for n in md.quarantined()] == ["wal"]
 
 
