@@ -207,6 +207,22 @@ def _set(path: str, value):
         (_set("config.voxel_size_m", -1.0), "config.voxel_size_m"),
         (_set("config.occupancy", {"l_hit": "x"}), "config.occupancy"),
         (_set("config", [1, 2]), "config"),
+        # every other field range-checked like create (issue 29, finding 4), the field named
+        (_set("version", 2**70), "version: expected an integer in [0, 9007199254740992]"),
+        (_set("version", -1), "version"),
+        (_set("version", 1.5), "version: expected an integer"),
+        (_set("frames_integrated", -5), "frames_integrated"),
+        (_set("wal_seq", -3), "wal_seq"),
+        (_set("wal_seq", 2**70), "wal_seq"),
+        (_set("trajectory_start", 2**70), "trajectory_start"),
+        (_set("trajectory_start", "0"), "trajectory_start: expected an integer"),
+        (_set("format", 99), "format"),
+        (_set("info.memory_budget_bytes", -1), "info.memory_budget_bytes"),
+        (_set("info.memory_budget_bytes", 0), "info.memory_budget_bytes"),
+        (_set("info.memory_budget_bytes", 1e30), "info.memory_budget_bytes: expected an integer"),
+        (_set("info.memory_budget_bytes", 2**51), "info.memory_budget_bytes"),
+        (_set("info.memory_budget_bytes", True), "info.memory_budget_bytes"),
+        (_set("config.esdf_voxel_size_m", 1e9), "config.esdf_voxel_size_m"),
     ],
 )
 def test_bad_import_is_refused_and_leaves_nothing_behind(tmp_path, edit, match):
@@ -226,6 +242,23 @@ def test_bad_import_is_refused_and_leaves_nothing_behind(tmp_path, edit, match):
     with client(tmp_path) as c:
         listed = c.get("/v1/maps")
         assert listed.status_code == 200 and {m["name"] for m in listed.json()["maps"]} == {"lab", "copy"}
+
+
+def test_import_keeps_a_valid_stored_budget_and_refuses_a_map_over_it(tmp_path):
+    """``info.memory_budget_bytes`` of an import is the map's budget (range-checked); a map larger than it
+    is refused (507) before anything is written."""
+    with client(tmp_path) as c:
+        mid = c.post("/v1/maps", json={"name": "lab", "voxel_size_m": 0.25, "layers": ["tsdf"]}).json()["id"]
+        post_lidar(c, mid, 0, 300)
+        data = c.get(f"/v1/maps/{mid}/export").content
+        ok = c.post("/v1/maps/import", content=_with_meta(data, _set("info.memory_budget_bytes", 1 << 30)))
+        assert ok.status_code == 201, ok.text
+        assert ok.json()["memory_budget_bytes"] == 1 << 30
+        small = c.post("/v1/maps/import", content=_with_meta(data, _set("info.memory_budget_bytes", 1)))
+        assert small.status_code == 507 and "the map's: 1 bytes" in small.json()["detail"]
+        assert len(c.get("/v1/maps").json()["maps"]) == 2
+    with client(tmp_path) as c:  # the budget is stored: it survives a restart
+        assert c.get(f"/v1/maps/{ok.json()['id']}").json()["memory_budget_bytes"] == 1 << 30
 
 
 def test_a_bad_stored_name_fails_that_map_only(tmp_path):
