@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 
 import httpx
 import numpy as np
@@ -259,6 +260,45 @@ def test_import_keeps_a_valid_stored_budget_and_refuses_a_map_over_it(tmp_path):
         assert len(c.get("/v1/maps").json()["maps"]) == 2
     with client(tmp_path) as c:  # the budget is stored: it survives a restart
         assert c.get(f"/v1/maps/{ok.json()['id']}").json()["memory_budget_bytes"] == 1 << 30
+
+
+def test_an_old_import_with_absurd_metadata_fails_that_map_only(tmp_path):
+    """Issue 29, finding 1: a map imported before imports were range-checked (``version`` 2^70, one frame
+    logged after it) used to kill the restore task on restart (every map 503 "restoring" forever). Now
+    that map fails alone (its snapshot 0 is its base: it is not rebuilt empty) and the others serve."""
+    from mapper.persistence import manifest_bytes
+
+    with client(tmp_path) as c:
+        good = c.post("/v1/maps", json={"name": "good", "voxel_size_m": 0.25, "layers": ["tsdf"]}).json()[
+            "id"
+        ]
+        post_lidar(c, good, 0, 300)
+        data = c.get(f"/v1/maps/{good}/export").content
+        old = c.post("/v1/maps/import", content=data, params={"name": "old"}).json()["id"]
+        post_lidar(c, old, 1, 300)
+    mdir = tmp_path / "data" / "maps" / old
+    for f in mdir.glob(f"snapshot-{1:016d}.*"):  # as after a kill -9: snapshot 0 + the frame in the WAL
+        f.unlink()
+    info = json.loads((mdir / "info.json").read_text())
+    del info["imported"]  # as written before the flag existed
+    (mdir / "info.json").write_text(json.dumps(info))
+    snap = mdir / f"snapshot-{0:016d}.safetensors"
+    tensors = st_load(snap.read_bytes())
+    header_len = int.from_bytes(snap.read_bytes()[:8], "little")
+    meta = json.loads(json.loads(snap.read_bytes()[8 : 8 + header_len])["__metadata__"]["mapper"])
+    meta["version"] = 2**70
+    snap.write_bytes(st_save(tensors, metadata={"mapper": json.dumps(meta)}))
+    crc = zlib.crc32(snap.read_bytes())  # a consistent snapshot: only its metadata is absurd
+    (mdir / f"snapshot-{0:016d}.json").write_bytes(manifest_bytes(0, meta, snap.stat().st_size, crc))
+    for _ in range(2):  # and again: nothing of the failed map was changed by the first try
+        with client(tmp_path) as c:
+            ready = c.get("/readyz")
+            assert ready.status_code == 200
+            assert "snapshot 0 (the map's base) is damaged" in ready.json()["failed"][old]
+            assert [m["name"] for m in c.get("/v1/maps").json()["maps"]] == ["good"]
+            assert c.get(f"/v1/maps/{old}").status_code == 404
+            post_lidar(c, good, 2, 300)
+        assert snap.exists() and not (mdir / "quarantine").exists()
 
 
 def test_a_bad_stored_name_fails_that_map_only(tmp_path):
