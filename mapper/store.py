@@ -92,6 +92,12 @@ class RecoveryError(RuntimeError):
     on disk, reported, and not served."""
 
 
+def _damaged(mdir: MapDir, seq: int, e: Exception) -> str:
+    reason = f"{type(e).__name__}: {e}"[:500]
+    log.error("map %s: snapshot %d damaged (%s); trying the one before it", mdir.id, seq, reason)
+    return reason
+
+
 def _load_base(mdir: MapDir, info: dict, device, damaged: list) -> tuple[Map, Snapshot | None]:
     """The newest snapshot that verifies and loads (``MapDir.open_snapshot``, ``Map.from_state_dict``);
     each damaged one on the way is appended to ``damaged`` as ``(seq, reason)``. None: the map as created
@@ -106,10 +112,12 @@ def _load_base(mdir: MapDir, info: dict, device, damaged: list) -> tuple[Map, Sn
             return Map.from_state_dict(tensors, meta, device=device), snap
         except torch.OutOfMemoryError:
             raise  # the device, not the snapshot: the map fails this time and is not touched
-        except (ValueError, KeyError, TypeError, RuntimeError) as e:  # SnapshotDamaged, InvalidArgument, ...
-            reason = f"{type(e).__name__}: {e}"[:500]
-            log.error("map %s: snapshot %d damaged (%s); trying the one before it", mdir.id, seq, reason)
-            damaged.append((seq, reason))
+        except RuntimeError as e:
+            if "CUDA" in str(e) or "out of memory" in str(e):
+                raise  # likewise
+            damaged.append((seq, _damaged(mdir, seq, e)))
+        except (ValueError, KeyError, TypeError) as e:  # SnapshotDamaged, InvalidArgument, a bad layout
+            damaged.append((seq, _damaged(mdir, seq, e)))
     if info.get("imported"):
         raise RecoveryError("every snapshot is damaged and the map was imported: no base to rebuild it on")
     for seq, _ in damaged:
