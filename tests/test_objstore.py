@@ -273,6 +273,53 @@ def test_recovery_quarantines_a_bad_record_in_the_store(tmp_path, s3, bucket):
     assert data.map_ids() == ["m4"] and data.owners() == {"m4": None}
 
 
+def test_recovery_on_s3_falls_back_past_a_damaged_snapshot_and_skips_a_damaged_record(tmp_path, s3, bucket):
+    """Issue 29 on the object store: snapshot 4's object damaged in the store (a tensor byte) and WAL object
+    6 damaged: recovery on another node uses the map as created + the kept WAL (frames 1-4 are not lost)
+    and skips only record 6; both are moved to quarantine/ and reported."""
+    from mapper import store
+
+    config = dict(voxel_size_m=0.25, layers=["tsdf"], max_range_m=20.0)
+    md = open_store(store_settings(tmp_path, s3, bucket)).map_dir("m6")
+    info = {"id": "m6", "name": "yard", "created": "2026-12-01T00:00:00", "config": config}
+    md.write_info(info)
+    wal = md.open_wal(1)
+    live = Map(**config, device="cpu")
+    for seq in range(1, 9):
+        wal.append(
+            seq, store.encode_record("frame", wire.parse_frame(wire.unpackb(frame_bytes(seq - 1, 300))))
+        )
+        wal.sync()  # one object per record
+        live.integrate_lidar(*scan(seq - 1, 300))
+        if seq == 4:
+            tensors, meta = live.state_dict()
+            md.write_snapshot(4, tensors, {**meta, "info": info})
+            md.prune(4, keep=2)
+    c = boto3.client("s3", endpoint_url=s3)
+    for key, at in (("fleet/maps/m6/snapshot-0000000000000004.safetensors", -9), (wal_key("m6", 6, 6), 40)):
+        raw = bytearray(c.get_object(Bucket=bucket, Key=key)["Body"].read())
+        raw[at] ^= 0x04
+        c.put_object(Bucket=bucket, Key=key, Body=bytes(raw))
+
+    other = open_store(store_settings(tmp_path / "node2", s3, bucket)).map_dir("m6")
+    damage: list = []
+    m, _, snap, last, replayed = recover_map(other, "cpu", damage=damage)
+    assert (snap, last, replayed, m.frames_integrated) == (None, 8, 7, 7)
+    want = [0, 1, 2, 3, 4, 6, 7]
+    assert_same_tsdf(m, rebuilt(config, len(want), lambda k: scan(want[k], 300)))
+    assert [(n["kind"], n.get("seq", n.get("after_seq"))) for n in damage] == [("snapshot", 4), ("wal", 5)]
+    assert other.snapshots() == []
+    q = [k.rsplit("/", 1)[1] for k in keys(s3, bucket, "fleet/maps/m6/quarantine/")]
+    assert q == [
+        "snapshot-0000000000000004.manifest",
+        "snapshot-0000000000000004.note.json",
+        "snapshot-0000000000000004.safetensors",
+        f"wal-{6:016d}-{6:016d}-{0:012d}.bin",
+        f"wal-{6:016d}-{6:016d}-{0:012d}.json",
+    ]
+    assert sorted(n["kind"] for n in other.quarantined()) == ["snapshot", "wal"]
+
+
 # --------------------------------------------------------------------------- the service on S3
 def _post_frame(c, mid: str, i: int) -> dict:
     r = c.post(f"/v1/maps/{mid}/frames", content=frame_bytes(i), headers={"content-type": wire.MSGPACK})
