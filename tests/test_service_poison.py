@@ -509,3 +509,29 @@ def test_plain_uvicorn_factory_on_a_public_address_refuses_remote_clients(tmp_pa
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_a_store_that_cannot_be_listed_is_retried_until_it_can(tmp_path, monkeypatch):
+    """Recovery never dies silently: while the maps cannot be listed the service is not ready (retrying,
+    one log line each time), then it recovers them."""
+    with client(tmp_path) as c:
+        mid = c.post("/v1/maps", json={"name": "lab", "voxel_size_m": 0.25, "layers": ["tsdf"]}).json()["id"]
+    calls = []
+    real = DataDir.map_ids
+
+    def flaky(self):
+        calls.append(time.monotonic())
+        if len(calls) <= 2:
+            raise OSError("the store is not mounted yet")
+        return real(self)
+
+    monkeypatch.setattr(DataDir, "map_ids", flaky)
+    app = create_app(settings(tmp_path))
+    with TestClient(app) as c:
+        assert c.get("/readyz").status_code == 503
+        deadline = time.monotonic() + 30
+        while c.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert [m["id"] for m in c.get("/v1/maps").json()["maps"]] == [mid]
+    assert len(calls) == 3 and calls[2] - calls[0] >= 2.5  # waited 1 s, then 2 s

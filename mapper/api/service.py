@@ -960,7 +960,7 @@ class MapService:
         log line; the others are served. A failing post-recovery snapshot only marks its map (served; the
         snapshot is retried). The service becomes ready whatever happens here."""
         try:
-            ids = await asyncio.to_thread(self.data.map_ids)
+            ids = await self._list_maps()
             for map_id in ids:
                 try:
                     entry = await asyncio.to_thread(self._recover, map_id)
@@ -985,6 +985,18 @@ class MapService:
         finally:
             self.ready.set()
         log.info("recovered %d maps (%d failed) from %s", len(self.maps), len(self.failed), self.data.root)
+
+    async def _list_maps(self) -> list[str]:
+        """The store's map ids; while the store cannot be listed (unreachable, permissions) the service is
+        not ready and retries (1 s doubling to 30 s), one log line per attempt."""
+        attempt = 0
+        while True:
+            try:
+                return await asyncio.to_thread(self.data.map_ids)
+            except Exception as e:
+                log.error("listing the maps of %s failed (%s); retrying", self.data.root, e)
+                await asyncio.sleep(min(30.0, 2.0**attempt))
+                attempt += 1
 
     async def _warm_up(self) -> None:
         """Compile the kernels of the default map configuration (restored maps compiled theirs when they
