@@ -7,17 +7,23 @@ Layout of one map under ``<prefix>/maps/<id>/``::
     info.json                        id, name, created, config (written last when a map is created)
     owner                            the cluster worker serving the map (``w<i>``); absent: any server
     snapshot-<seq>.safetensors       the snapshot (uploaded first)
-    snapshot-<seq>.json              its manifest ``{"seq", "meta", "bytes", "crc32"}``, written after the
-                                     data object: it publishes the snapshot (one PUT: an atomic switch)
+    snapshot-<seq>.json              its manifest ``{"seq", "meta", "bytes", "crc32", "check"}``, written
+                                     after the data object: it publishes the snapshot (one PUT: an atomic
+                                     switch); ``check`` is the manifest's own CRC32
     wal-<first seq>-<last seq>.log   one object per group commit: the batch's records, in the WAL
                                      record format of ``mapper.persistence`` (length, seq, CRC32)
     quarantine/<seq>.msgpack|.json   a record that failed on replay, kept aside
+    quarantine/wal-...-<offset>.bin  damaged bytes of a WAL object (+ .json), skipped on replay
+    quarantine/snapshot-<seq>.*      a damaged snapshot moved aside (+ .note.json)
 
 S3 has no append and no fsync: ``ObjectWal.sync`` PUTs the records appended since the last sync as one
 object, and the service acknowledges the batch only after that PUT returned (= durable in the store). A
 failed PUT fails the batch and drops its records (they were not acknowledged; a later batch never carries
-them). Recovery = newest manifest -> its snapshot -> the WAL objects after it, in sequence order. After a
-snapshot is published, the WAL objects it covers and all but the newest ``keep`` snapshots are deleted.
+them). Recovery = newest manifest that verifies -> its snapshot -> the WAL objects after it, in sequence
+order (``mapper.store.recover_map``; damage is handled as on the filesystem: a damaged record is skipped to
+the next intact one and its bytes quarantined, a damaged snapshot is quarantined and the one before it used).
+After a snapshot is published, the WAL objects the *previous* snapshot covers and all but the newest
+``max(keep, 2)`` snapshots are deleted.
 A map moves between cluster workers by rewriting its ``owner`` object (nothing is copied or renamed).
 
 Snapshots also stay in a local cache (``<MAPPER_DATA_DIR>/store-cache/<id>/``): the service exports and
@@ -40,7 +46,16 @@ from pathlib import Path
 import torch
 
 from .errors import InvalidArgument
-from .persistence import FORMAT_VERSION, META_KEY, Snapshot, iter_records, pack_record
+from .persistence import (
+    FORMAT_VERSION,
+    Snapshot,
+    SnapshotDamaged,
+    iter_records,
+    manifest_bytes,
+    pack_record,
+    parse_manifest,
+    write_snapshot_data,
+)
 
 log = logging.getLogger("mapper.objstore")
 
@@ -179,6 +194,13 @@ class _Objects:
             raise self._fail("download of", key, e) from None
         os.replace(tmp, path)
         return True
+
+    def copy(self, src: str, dst: str) -> None:
+        """Server-side copy (multipart for large objects)."""
+        try:
+            self.client.copy({"Bucket": self.bucket, "Key": src}, self.bucket, dst)
+        except Exception as e:
+            raise self._fail("COPY to", dst, e) from None
 
     def list(self, prefix: str) -> list[tuple[str, int]]:
         """``(key, size)`` of every object under ``prefix``, in key order."""
@@ -324,11 +346,11 @@ class ObjectMapDir:
         return self.objects.list(self.prefix + sub)
 
     def snapshots(self) -> list[int]:
-        keys = {k[len(self.prefix) :] for k, _ in self._keys("snapshot-")}
+        """Seqs of the published snapshots (a manifest exists; its data object may still prove damaged)."""
         seqs = []
-        for name in keys:
-            m = _SNAP_RE.fullmatch(name)
-            if m and f"snapshot-{m.group(1)}.safetensors" in keys:
+        for k, _ in self._keys("snapshot-"):
+            m = _SNAP_RE.fullmatch(k[len(self.prefix) :])
+            if m:
                 seqs.append(int(m.group(1)))
         return sorted(seqs)
 
@@ -336,58 +358,79 @@ class ObjectMapDir:
         """The snapshot's file in the local cache."""
         return self.root / f"snapshot-{seq:016d}.safetensors"
 
+    def manifest(self, seq: int) -> dict:
+        """The checked manifest of snapshot ``seq`` (``persistence.parse_manifest``)."""
+        return parse_manifest(self.objects.get(self.prefix + f"snapshot-{seq:016d}.json"), seq)
+
+    def open_snapshot(self, seq: int) -> Snapshot:
+        """Published snapshot ``seq`` in the local cache, verified (manifest check; downloaded unless the
+        cached file has the manifest's size and CRC32; a download must have them). Raises
+        ``SnapshotDamaged``; a failing store (``StoreError``) propagates."""
+        marker = self.manifest(seq)
+        path = self.snapshot_path(seq)
+        if "bytes" not in marker or "crc32" not in marker:
+            raise SnapshotDamaged("manifest lacks the snapshot's size and CRC32")
+        if path.exists() and path.stat().st_size == marker["bytes"] and _crc(path) == marker["crc32"]:
+            return Snapshot(seq, path, marker["meta"])
+        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.objects.download(self.prefix + path.name, path):
+            raise SnapshotDamaged(f"{self.url(path.name)} is missing")
+        if _crc(path) != marker["crc32"] or path.stat().st_size != marker["bytes"]:
+            path.unlink(missing_ok=True)
+            raise SnapshotDamaged(f"{self.url(path.name)}: CRC32 differs from its manifest's")
+        return Snapshot(seq, path, marker["meta"])
+
     def latest_snapshot(self) -> Snapshot | None:
-        """The newest published snapshot that can be read (older ones are fallbacks), in the local cache
-        (downloaded unless the cached file has the manifest's size and CRC32; a download must have them)."""
+        """The newest published snapshot that verifies (older ones are fallbacks), in the local cache."""
         for seq in reversed(self.snapshots()):
             try:
-                marker = json.loads(self.objects.get(self.prefix + f"snapshot-{seq:016d}.json") or b"")
-                path = self.snapshot_path(seq)
-                if not (
-                    path.exists() and path.stat().st_size == marker["bytes"] and _crc(path) == marker["crc32"]
-                ):
-                    self.root.mkdir(parents=True, exist_ok=True)
-                    if not self.objects.download(self.prefix + path.name, path):
-                        raise FileNotFoundError(f"{self.url(path.name)} vanished")
-                    if _crc(path) != marker["crc32"]:
-                        path.unlink(missing_ok=True)
-                        raise ValueError(f"{self.url(path.name)}: CRC32 differs from its manifest's")
-                return Snapshot(seq, path, marker["meta"])
-            except (OSError, ValueError, KeyError) as e:
-                log.error("%s: snapshot %d unreadable (%s); trying an older one", self.url(), seq, e)
+                return self.open_snapshot(seq)
+            except SnapshotDamaged as e:
+                log.error("%s: snapshot %d damaged (%s); trying an older one", self.url(), seq, e)
         return None
 
     def write_snapshot(self, seq: int, tensors: dict[str, torch.Tensor], meta: dict) -> Snapshot:
-        """Write the snapshot to the cache, upload it, then publish it with its manifest."""
-        from safetensors.torch import save_file
-
+        """Write the snapshot to the cache (read back: header, CRC32), upload it, then publish it with its
+        manifest."""
         meta = {**meta, "wal_seq": seq, "format": FORMAT_VERSION}
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.snapshot_path(seq)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tensors = {k: t.detach().cpu().contiguous() for k, t in tensors.items()}
-        save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
-        os.replace(tmp, path)
-        size, crc = path.stat().st_size, _crc(path)
+        size, crc = write_snapshot_data(path, tensors, meta, fsync=False)
         self.objects.upload(path, self.prefix + path.name)
-        marker = {"seq": seq, "meta": meta, "bytes": size, "crc32": crc}
-        self.objects.put(self.prefix + f"snapshot-{seq:016d}.json", json.dumps(marker).encode())
+        self.objects.put(self.prefix + f"snapshot-{seq:016d}.json", manifest_bytes(seq, meta, size, crc))
         return Snapshot(seq, path, meta)
 
+    def quarantine_snapshot(self, seq: int, reason: str) -> dict:
+        """Move a damaged snapshot aside under ``quarantine/`` (server-side copies, then the originals are
+        deleted, manifest first); returns the note."""
+        name = f"snapshot-{seq:016d}"
+        q = self.prefix + "quarantine/"
+        for src, dst in ((".safetensors", ".safetensors"), (".json", ".manifest")):
+            if self.objects.exists(self.prefix + name + src):
+                self.objects.copy(self.prefix + name + src, q + name + dst)
+        note = {"kind": "snapshot", "seq": seq, "error": reason}
+        self.objects.put(q + f"{name}.note.json", json.dumps(note).encode())
+        self.objects.delete([self.prefix + name + ".json"])
+        self.objects.delete([self.prefix + name + ".safetensors"])
+        self.snapshot_path(seq).unlink(missing_ok=True)
+        return note
+
     def prune(self, covered_seq: int, keep: int) -> None:
-        """Delete the WAL objects the snapshot at ``covered_seq`` covers and all but the newest ``keep``
-        snapshots (manifest first: a manifest never names a missing object), in the store and the cache."""
-        covered = [
-            k for k, _ in self._keys("wal-") if (m := _WAL_RE.search(k)) and int(m.group(2)) <= covered_seq
-        ]
+        """After the snapshot at ``covered_seq`` was published: keep it, the one before it (at least 2
+        snapshots, else ``keep``) and the WAL objects after that previous one (a damaged newest snapshot is
+        replaced by the previous one plus the log); delete older snapshots (manifest first: a manifest never
+        names a missing object) and the WAL they alone cover, in the store and the cache."""
+        snaps = [s for s in self.snapshots() if s <= covered_seq]
+        base = snaps[-2] if len(snaps) >= 2 else 0
+        covered = [k for k, _ in self._keys("wal-") if (m := _WAL_RE.search(k)) and int(m.group(2)) <= base]
         self.objects.delete(covered)
-        old = self.snapshots()[:-keep]
+        old = self.snapshots()[: -max(keep, 2)]
         self.objects.delete([self.prefix + f"snapshot-{s:016d}.json" for s in old])
         self.objects.delete([self.prefix + f"snapshot-{s:016d}.safetensors" for s in old])
         kept = {self.snapshot_path(s).name for s in self.snapshots()}
         if self.root.is_dir():
             for p in self.root.iterdir():
-                if p.name not in kept:
+                if p.name not in kept and p.is_file():
                     p.unlink(missing_ok=True)
 
     # WAL
@@ -403,9 +446,10 @@ class ObjectMapDir:
     def open_wal(self, first_seq: int) -> ObjectWal:
         return ObjectWal(self.objects, self.prefix)
 
-    def replay(self, after_seq: int) -> Iterator[tuple[int, bytes]]:
-        """WAL records with ``seq > after_seq`` in order. A corrupt record (it cannot be torn: a PUT is
-        all or nothing) ends its object's records, as a torn tail ends a file segment's."""
+    def replay(self, after_seq: int, damage: list | None = None) -> Iterator[tuple[int, bytes]]:
+        """WAL records with ``seq > after_seq`` in order. An object cannot be torn (a PUT is all or
+        nothing): any damaged range in one (bad magic, length or CRC) is damage, skipped to the next intact
+        record, its bytes copied to ``quarantine/`` and its note appended to ``damage``."""
         keys = []
         for k, _ in self._keys("wal-"):
             m = _WAL_RE.search(k)
@@ -415,13 +459,19 @@ class ObjectMapDir:
         for key, data in self._fetched(keys):
             if data is None:
                 raise StoreError(f"store: s3://{self.objects.bucket}/{key} vanished during replay")
+            name = key[len(self.prefix) :]
+            prev = [last]
 
-            n = len(data)
-
-            def bad(pos: int, reason: str, key=key, n=n) -> None:
-                log.warning("s3://%s/%s: %s at byte %d of %d; stop", self.objects.bucket, key, reason, pos, n)
+            def bad(start: int, end: int, reason: str, tail: bool, name=name, data=data, prev=prev) -> None:
+                log.warning(
+                    "%s: %s at bytes %d-%d of %d; skipped", self.url(name), reason, start, end, len(data)
+                )
+                note = self.quarantine_bytes(name, start, bytes(data[start:end]), reason, prev[0])
+                if damage is not None:
+                    damage.append(note)
 
             for seq, payload in iter_records(data, bad):
+                prev[0] = max(prev[0], seq)
                 if seq <= last:
                     continue
                 yield seq, payload
@@ -449,6 +499,22 @@ class ObjectMapDir:
             key + ".json", json.dumps({"seq": seq, "error": error, "bytes": len(payload)}).encode()
         )
         return f"s3://{self.objects.bucket}/{key}.msgpack"
+
+    def quarantine_bytes(self, name: str, offset: int, data: bytes, reason: str, after_seq: int = 0) -> dict:
+        """Keep damaged bytes of WAL object ``name`` (from ``offset``): ``quarantine/<name>-<offset>.bin``
+        + ``.json`` (the note, returned)."""
+        key = self.prefix + f"quarantine/{name.removesuffix('.log')}-{offset:012d}"
+        note = {
+            "kind": "wal",
+            "segment": name,
+            "offset": offset,
+            "bytes": len(data),
+            "after_seq": after_seq,
+            "error": reason,
+        }
+        self.objects.put(key + ".bin", data)
+        self.objects.put(key + ".json", json.dumps(note).encode())
+        return note
 
     def quarantined(self) -> list[dict]:
         notes = []

@@ -16,10 +16,12 @@ import secrets
 from datetime import UTC, datetime
 from typing import Any
 
+import torch
+
 from . import wire
 from .errors import InvalidArgument, InvalidArgumentType, NotFound
 from .map import Map
-from .persistence import DataDir, MapDir, Snapshot, load_snapshot_file
+from .persistence import DataDir, MapDir, Snapshot, SnapshotDamaged, load_snapshot_file
 
 log = logging.getLogger("mapper.store")
 
@@ -84,23 +86,82 @@ def decode_record(payload: bytes, limits: wire.Limits) -> tuple[str, Any]:
     return kind, rec
 
 
+class RecoveryError(RuntimeError):
+    """A map that cannot be rebuilt without a hole: acknowledged records are missing and no damage
+    explains it (a WAL segment deleted, a damaged snapshot whose log was already pruned). The map is left
+    on disk, reported, and not served."""
+
+
+def _damaged(mdir: MapDir, seq: int, e: Exception) -> str:
+    reason = f"{type(e).__name__}: {e}"[:500]
+    log.error("map %s: snapshot %d damaged (%s); trying the one before it", mdir.id, seq, reason)
+    return reason
+
+
+def _load_base(mdir: MapDir, info: dict, device, damaged: list) -> tuple[Map, Snapshot | None]:
+    """The newest snapshot that verifies and loads (``MapDir.open_snapshot``, ``Map.from_state_dict``);
+    each damaged one on the way is appended to ``damaged`` as ``(seq, reason)``. None: the map as created
+    (empty), allowed only when the map began empty (not imported) and no snapshot at seq 0 says
+    otherwise."""
+    for seq in reversed(mdir.snapshots()):
+        try:
+            snap = mdir.open_snapshot(seq)
+            tensors, meta = load_snapshot_file(snap.path)
+            if meta.get("wal_seq", seq) != seq:
+                raise SnapshotDamaged(f"metadata wal_seq {meta.get('wal_seq')!r} is not {seq}")
+            return Map.from_state_dict(tensors, meta, device=device), snap
+        except torch.OutOfMemoryError:
+            raise  # the device, not the snapshot: the map fails this time and is not touched
+        except RuntimeError as e:
+            if "CUDA" in str(e) or "out of memory" in str(e):
+                raise  # likewise
+            damaged.append((seq, _damaged(mdir, seq, e)))
+        except (ValueError, KeyError, TypeError) as e:  # SnapshotDamaged, InvalidArgument, a bad layout
+            damaged.append((seq, _damaged(mdir, seq, e)))
+    if info.get("imported"):
+        raise RecoveryError("every snapshot is damaged and the map was imported: no base to rebuild it on")
+    for seq, _ in damaged:
+        if seq == 0:
+            try:
+                base = mdir.manifest(0)["meta"]
+            except Exception:
+                base = None
+            if base is None or base.get("version", 0) != 0:
+                raise RecoveryError("snapshot 0 (the map's base) is damaged: no base to rebuild it on")
+    return Map(**info["config"], device=device), None
+
+
 def recover_map(
-    mdir: MapDir, device, quarantined: list | None = None
+    mdir: MapDir, device, quarantined: list | None = None, damage: list | None = None
 ) -> tuple[Map, dict, Snapshot | None, int, int]:
-    """Load a map from its directory: the newest snapshot, then the WAL records after it (a torn tail is
-    truncated). A record that fails (any exception) is quarantined (``MapDir.quarantine``: kept aside with
-    its error, appended to ``quarantined`` as ``(seq, error)``) and replay goes on: one bad record never
-    makes a map unrecoverable. Returns (map, info, snapshot or None, last seq, records replayed)."""
+    """Load a map from its directory: the newest snapshot that verifies, then the WAL records after it.
+
+    - A damaged snapshot (``MapDir.open_snapshot``: size, CRC32, manifest; or metadata out of range) is
+      quarantined (``MapDir.quarantine_snapshot``) and the snapshot before it is used with the log after
+      it (the log is kept from the previous snapshot on); when none is left, the map as created.
+    - Damaged WAL bytes in the middle of a segment are quarantined and replay resumes at the next intact
+      record (``MapDir.replay``); a torn tail is truncated.
+    - A record that fails (any exception) is quarantined (``MapDir.quarantine``: kept aside with its error,
+      appended to ``quarantined`` as ``(seq, error)``) and replay goes on.
+    - Every damaged range and snapshot is appended to ``damage`` (its quarantine note).
+    - A hole in the sequence numbers that no damage explains raises ``RecoveryError`` (nothing is served
+      with a silent gap).
+
+    Returns (map, info, snapshot or None, last seq, records replayed)."""
     info = check_info(mdir.read_info(), mdir.id)
-    snap = mdir.latest_snapshot()
-    if snap is not None:
-        tensors, meta = load_snapshot_file(snap.path)
-        m = Map.from_state_dict(tensors, meta, device=device)
-    else:
-        m = Map(**info["config"], device=device)
+    damaged: list = []
+    m, snap = _load_base(mdir, info, device, damaged)
     last = snap.seq if snap is not None else 0
     replayed = 0
-    for seq, payload in mdir.replay(last):
+    wal_damage: list = []
+    seen = 0
+    for seq, payload in mdir.replay(last, wal_damage):
+        if seq != last + 1 and len(wal_damage) == seen:
+            raise RecoveryError(
+                f"records {last + 1}..{seq - 1} are missing from the write-ahead log after "
+                f"{f'snapshot {snap.seq}' if snap else 'the start'} and no damage was found there"
+            )
+        seen = len(wal_damage)
         try:
             kind, args = decode_record(payload, UNLIMITED)
             apply(m, kind, args)
@@ -115,6 +176,20 @@ def recover_map(
                 quarantined.append((seq, error))
         last = seq
         replayed += 1
+    notes = [mdir.quarantine_snapshot(seq, reason) for seq, reason in damaged]
+    for note in wal_damage:
+        log.error(
+            "map %s: damaged write-ahead log bytes (%s, %d bytes at %d of %s, after record %d); quarantined,"
+            " replay resumed at the next intact record",
+            mdir.id,
+            note["error"],
+            note["bytes"],
+            note["offset"],
+            note["segment"],
+            note["after_seq"],
+        )
+    if damage is not None:
+        damage.extend(notes + wal_damage)
     log.info(
         "map %s: snapshot %s + %d WAL records (last seq %d)",
         mdir.id,
@@ -162,6 +237,7 @@ def save_new_map(data: DataDir, m: Map, name: str | None = None) -> dict:
         "name": name or map_id,
         "created": datetime.now(UTC).isoformat(timespec="milliseconds"),
         "config": m.config(),
+        "imported": True,  # built offline: snapshot 0 is its base (recovery never rebuilds it empty)
     }
     mdir = data.map_dir(map_id)
     mdir.root.mkdir(parents=True, exist_ok=True)

@@ -123,13 +123,20 @@ def test_wal_is_one_object_per_sync_and_replays_in_order(tmp_path, s3, bucket):
         for k in keys(s3, bucket)
     )
 
-    # a corrupt record ends its object's records (as a torn tail ends a file segment); later objects replay
+    # a corrupt record is skipped to the next intact one (an object cannot be torn: the damage is kept in
+    # quarantine/ and reported); the records after it in its object and later objects replay
     c = boto3.client("s3", endpoint_url=s3)
     raw = bytearray(c.get_object(Bucket=bucket, Key=wal_key("m1", 1, 3))["Body"].read())
     second = 20 + len(recs[0][1])  # header (20 bytes) + payload of record 1: record 2 starts here
     raw[second + 25] ^= 0xFF  # a payload byte of record 2: its CRC fails
     c.put_object(Bucket=bucket, Key=wal_key("m1", 1, 3), Body=bytes(raw))
-    assert [s for s, _ in md.replay(0)] == [1, 4, 6, 7]
+    damage: list = []
+    assert [s for s, _ in md.replay(0, damage)] == [1, 3, 4, 6, 7]
+    size = 20 + len(recs[1][1])
+    assert [(n["offset"], n["bytes"], n["after_seq"]) for n in damage] == [(second, size, 1)]
+    qkey = f"fleet/maps/m1/quarantine/wal-{1:016d}-{3:016d}-{second:012d}.bin"
+    assert c.get_object(Bucket=bucket, Key=qkey)["Body"].read() == bytes(raw[second : second + size])
+    assert [n["kind"] for n in md.quarantined()] == ["wal"]
 
 
 def test_replay_prefetch_keeps_the_order(tmp_path, s3, bucket, monkeypatch):
@@ -173,21 +180,36 @@ def test_snapshot_manifest_publishes_prune_and_cache(tmp_path, s3, bucket):
 
     t2 = {"a": torch.full((4,), 7.0)}
     md.write_snapshot(5, t2, {"config": {"voxel_size_m": 0.1}})
-    md.prune(5, keep=1)
+    md.prune(5, keep=1)  # keeps the previous snapshot (3) and the WAL after it: the fallback should 5 fail
+    names = [k.rsplit("/", 1)[1] for k in keys(s3, bucket, "fleet/maps/m2/")]
+    assert names == [
+        "snapshot-0000000000000003.json",
+        "snapshot-0000000000000003.safetensors",
+        "snapshot-0000000000000005.json",
+        "snapshot-0000000000000005.safetensors",
+        *[f"wal-{i:016d}-{i:016d}.log" for i in (4, 5, 6)],
+    ]
+    md.write_snapshot(6, t2, {"config": {"voxel_size_m": 0.1}})
+    md.prune(6, keep=1)
     names = [k.rsplit("/", 1)[1] for k in keys(s3, bucket, "fleet/maps/m2/")]
     assert names == [
         "snapshot-0000000000000005.json",
         "snapshot-0000000000000005.safetensors",
+        "snapshot-0000000000000006.json",
+        "snapshot-0000000000000006.safetensors",
         f"wal-{6:016d}-{6:016d}.log",
     ]
     assert list(md.replay(5)) == [(6, b"r6")]
-    assert sorted(p.name for p in md.root.iterdir()) == ["snapshot-0000000000000005.safetensors"]
+    assert sorted(p.name for p in md.root.iterdir()) == [
+        "snapshot-0000000000000005.safetensors",
+        "snapshot-0000000000000006.safetensors",
+    ]
 
     # another node (an empty cache) downloads the published snapshot
     other = open_store(store_settings(tmp_path / "node2", s3, bucket)).map_dir("m2")
     assert not other.root.exists()
     s2 = other.latest_snapshot()
-    assert s2.seq == 5 and s2.path.parent == other.root
+    assert s2.seq == 6 and s2.path.parent == other.root
     assert torch.equal(load_snapshot_file(s2.path)[0]["a"], t2["a"])
 
     md.remove()
@@ -249,6 +271,53 @@ def test_recovery_quarantines_a_bad_record_in_the_store(tmp_path, s3, bucket):
     c.put_object(Bucket=bucket, Key="fleet/maps/.x/info.json", Body=b"{}")  # not a map id
     c.put_object(Bucket=bucket, Key="fleet/maps/half/snapshot-0000000000000000.json", Body=b"{}")  # no info
     assert data.map_ids() == ["m4"] and data.owners() == {"m4": None}
+
+
+def test_recovery_on_s3_falls_back_past_a_damaged_snapshot_and_skips_a_damaged_record(tmp_path, s3, bucket):
+    """Issue 29 on the object store: snapshot 4's object damaged in the store (a tensor byte) and WAL object
+    6 damaged: recovery on another node uses the map as created + the kept WAL (frames 1-4 are not lost)
+    and skips only record 6; both are moved to quarantine/ and reported."""
+    from mapper import store
+
+    config = dict(voxel_size_m=0.25, layers=["tsdf"], max_range_m=20.0)
+    md = open_store(store_settings(tmp_path, s3, bucket)).map_dir("m6")
+    info = {"id": "m6", "name": "yard", "created": "2026-12-01T00:00:00", "config": config}
+    md.write_info(info)
+    wal = md.open_wal(1)
+    live = Map(**config, device="cpu")
+    for seq in range(1, 9):
+        wal.append(
+            seq, store.encode_record("frame", wire.parse_frame(wire.unpackb(frame_bytes(seq - 1, 300))))
+        )
+        wal.sync()  # one object per record
+        live.integrate_lidar(*scan(seq - 1, 300))
+        if seq == 4:
+            tensors, meta = live.state_dict()
+            md.write_snapshot(4, tensors, {**meta, "info": info})
+            md.prune(4, keep=2)
+    c = boto3.client("s3", endpoint_url=s3)
+    for key, at in (("fleet/maps/m6/snapshot-0000000000000004.safetensors", -9), (wal_key("m6", 6, 6), 40)):
+        raw = bytearray(c.get_object(Bucket=bucket, Key=key)["Body"].read())
+        raw[at] ^= 0x04
+        c.put_object(Bucket=bucket, Key=key, Body=bytes(raw))
+
+    other = open_store(store_settings(tmp_path / "node2", s3, bucket)).map_dir("m6")
+    damage: list = []
+    m, _, snap, last, replayed = recover_map(other, "cpu", damage=damage)
+    assert (snap, last, replayed, m.frames_integrated) == (None, 8, 7, 7)
+    want = [0, 1, 2, 3, 4, 6, 7]
+    assert_same_tsdf(m, rebuilt(config, len(want), lambda k: scan(want[k], 300)))
+    assert [(n["kind"], n.get("seq", n.get("after_seq"))) for n in damage] == [("snapshot", 4), ("wal", 5)]
+    assert other.snapshots() == []
+    q = [k.rsplit("/", 1)[1] for k in keys(s3, bucket, "fleet/maps/m6/quarantine/")]
+    assert q == [
+        "snapshot-0000000000000004.manifest",
+        "snapshot-0000000000000004.note.json",
+        "snapshot-0000000000000004.safetensors",
+        f"wal-{6:016d}-{6:016d}-{0:012d}.bin",
+        f"wal-{6:016d}-{6:016d}-{0:012d}.json",
+    ]
+    assert sorted(n["kind"] for n in other.quarantined()) == ["snapshot", "wal"]
 
 
 # --------------------------------------------------------------------------- the service on S3
@@ -324,7 +393,8 @@ def test_service_on_s3_snapshot_wal_tail_import_export(tmp_path, s3, bucket, mon
         names = [k.rsplit("/", 1)[1] for k in keys(s3, bucket, f"fleet/maps/{mid}/")]
         assert "info.json" in names and "snapshot-0000000000000003.json" in names
         wal = [n for n in names if n.startswith("wal-")]
-        assert wal and all(int(n[4:20]) > 3 for n in wal)  # the WAL the snapshot covers is gone
+        # the first snapshot: the WAL is kept from the previous one (none: the map as created) on
+        assert [int(n[4:20]) for n in wal] == [1, 2, 3, 4, 5]
         assert not (tmp_path / "data" / "maps").exists()  # nothing of the map on the local filesystem
 
         # recovery from the store alone (another node's empty cache): snapshot 3 + WAL tail 4..5
@@ -410,8 +480,10 @@ def test_sigkill_on_s3_loses_no_acknowledged_frame(tmp_path, s3, bucket):
     names = [k.rsplit("/", 1)[1] for k in keys(s3, bucket, f"fleet/maps/{mid}/")]
     snaps = [int(n[9:25]) for n in names if n.startswith("snapshot-") and n.endswith(".json")]
     assert snaps, names  # the kill left a published snapshot (taken while streaming)
-    tail = [int(n[4:20]) for n in names if n.startswith("wal-")]
-    assert all(first > max(snaps) for first in tail)  # the WAL it covers is deleted
+    tail = [int(n[4:20]) for n in names if n.startswith("wal-") and int(n[21:37]) > max(snaps)]
+    wal = [int(n[4:20]) for n in names if n.startswith("wal-")]
+    base = sorted(snaps)[-2] if len(snaps) > 1 else 0  # the WAL is kept from the previous snapshot on
+    assert all(first > base for first in wal)
 
     with Server(tmp_path / "b", tmp_path / "b.log", **env) as s2, MapperClient(s2.url) as c:
         recovered, served = check_recovered(c, mid, n_acked, WINDOW, tmp_path / "after.safetensors")

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 
 import httpx
 import numpy as np
@@ -207,6 +208,22 @@ def _set(path: str, value):
         (_set("config.voxel_size_m", -1.0), "config.voxel_size_m"),
         (_set("config.occupancy", {"l_hit": "x"}), "config.occupancy"),
         (_set("config", [1, 2]), "config"),
+        # every other field range-checked like create (issue 29, finding 4), the field named
+        (_set("version", 2**70), "version: expected an integer in [0, 9007199254740992]"),
+        (_set("version", -1), "version"),
+        (_set("version", 1.5), "version: expected an integer"),
+        (_set("frames_integrated", -5), "frames_integrated"),
+        (_set("wal_seq", -3), "wal_seq"),
+        (_set("wal_seq", 2**70), "wal_seq"),
+        (_set("trajectory_start", 2**70), "trajectory_start"),
+        (_set("trajectory_start", "0"), "trajectory_start: expected an integer"),
+        (_set("format", 99), "format"),
+        (_set("info.memory_budget_bytes", -1), "info.memory_budget_bytes"),
+        (_set("info.memory_budget_bytes", 0), "info.memory_budget_bytes"),
+        (_set("info.memory_budget_bytes", 1e30), "info.memory_budget_bytes: expected an integer"),
+        (_set("info.memory_budget_bytes", 2**51), "info.memory_budget_bytes"),
+        (_set("info.memory_budget_bytes", True), "info.memory_budget_bytes"),
+        (_set("config.esdf_voxel_size_m", 1e9), "config.esdf_voxel_size_m"),
     ],
 )
 def test_bad_import_is_refused_and_leaves_nothing_behind(tmp_path, edit, match):
@@ -226,6 +243,62 @@ def test_bad_import_is_refused_and_leaves_nothing_behind(tmp_path, edit, match):
     with client(tmp_path) as c:
         listed = c.get("/v1/maps")
         assert listed.status_code == 200 and {m["name"] for m in listed.json()["maps"]} == {"lab", "copy"}
+
+
+def test_import_keeps_a_valid_stored_budget_and_refuses_a_map_over_it(tmp_path):
+    """``info.memory_budget_bytes`` of an import is the map's budget (range-checked); a map larger than it
+    is refused (507) before anything is written."""
+    with client(tmp_path) as c:
+        mid = c.post("/v1/maps", json={"name": "lab", "voxel_size_m": 0.25, "layers": ["tsdf"]}).json()["id"]
+        post_lidar(c, mid, 0, 300)
+        data = c.get(f"/v1/maps/{mid}/export").content
+        ok = c.post("/v1/maps/import", content=_with_meta(data, _set("info.memory_budget_bytes", 1 << 30)))
+        assert ok.status_code == 201, ok.text
+        assert ok.json()["memory_budget_bytes"] == 1 << 30
+        small = c.post("/v1/maps/import", content=_with_meta(data, _set("info.memory_budget_bytes", 1)))
+        assert small.status_code == 507 and "the map's: 1 bytes" in small.json()["detail"]
+        assert len(c.get("/v1/maps").json()["maps"]) == 2
+    with client(tmp_path) as c:  # the budget is stored: it survives a restart
+        assert c.get(f"/v1/maps/{ok.json()['id']}").json()["memory_budget_bytes"] == 1 << 30
+
+
+def test_an_old_import_with_absurd_metadata_fails_that_map_only(tmp_path):
+    """Issue 29, finding 1: a map imported before imports were range-checked (``version`` 2^70, one frame
+    logged after it) used to kill the restore task on restart (every map 503 "restoring" forever). Now
+    that map fails alone (its snapshot 0 is its base: it is not rebuilt empty) and the others serve."""
+    from mapper.persistence import manifest_bytes
+
+    with client(tmp_path) as c:
+        good = c.post("/v1/maps", json={"name": "good", "voxel_size_m": 0.25, "layers": ["tsdf"]}).json()[
+            "id"
+        ]
+        post_lidar(c, good, 0, 300)
+        data = c.get(f"/v1/maps/{good}/export").content
+        old = c.post("/v1/maps/import", content=data, params={"name": "old"}).json()["id"]
+        post_lidar(c, old, 1, 300)
+    mdir = tmp_path / "data" / "maps" / old
+    for f in mdir.glob(f"snapshot-{1:016d}.*"):  # as after a kill -9: snapshot 0 + the frame in the WAL
+        f.unlink()
+    info = json.loads((mdir / "info.json").read_text())
+    del info["imported"]  # as written before the flag existed
+    (mdir / "info.json").write_text(json.dumps(info))
+    snap = mdir / f"snapshot-{0:016d}.safetensors"
+    tensors = st_load(snap.read_bytes())
+    header_len = int.from_bytes(snap.read_bytes()[:8], "little")
+    meta = json.loads(json.loads(snap.read_bytes()[8 : 8 + header_len])["__metadata__"]["mapper"])
+    meta["version"] = 2**70
+    snap.write_bytes(st_save(tensors, metadata={"mapper": json.dumps(meta)}))
+    crc = zlib.crc32(snap.read_bytes())  # a consistent snapshot: only its metadata is absurd
+    (mdir / f"snapshot-{0:016d}.json").write_bytes(manifest_bytes(0, meta, snap.stat().st_size, crc))
+    for _ in range(2):  # and again: nothing of the failed map was changed by the first try
+        with client(tmp_path) as c:
+            ready = c.get("/readyz")
+            assert ready.status_code == 200
+            assert "snapshot 0 (the map's base) is damaged" in ready.json()["failed"][old]
+            assert [m["name"] for m in c.get("/v1/maps").json()["maps"]] == ["good"]
+            assert c.get(f"/v1/maps/{old}").status_code == 404
+            post_lidar(c, good, 2, 300)
+        assert snap.exists() and not (mdir / "quarantine").exists()
 
 
 def test_a_bad_stored_name_fails_that_map_only(tmp_path):
@@ -436,3 +509,29 @@ def test_plain_uvicorn_factory_on_a_public_address_refuses_remote_clients(tmp_pa
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_a_store_that_cannot_be_listed_is_retried_until_it_can(tmp_path, monkeypatch):
+    """Recovery never dies silently: while the maps cannot be listed the service is not ready (retrying,
+    one log line each time), then it recovers them."""
+    with client(tmp_path) as c:
+        mid = c.post("/v1/maps", json={"name": "lab", "voxel_size_m": 0.25, "layers": ["tsdf"]}).json()["id"]
+    calls = []
+    real = DataDir.map_ids
+
+    def flaky(self):
+        calls.append(time.monotonic())
+        if len(calls) <= 2:
+            raise OSError("the store is not mounted yet")
+        return real(self)
+
+    monkeypatch.setattr(DataDir, "map_ids", flaky)
+    app = create_app(settings(tmp_path))
+    with TestClient(app) as c:
+        assert c.get("/readyz").status_code == 503
+        deadline = time.monotonic() + 30
+        while c.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert [m["id"] for m in c.get("/v1/maps").json()["maps"]] == [mid]
+    assert len(calls) == 3 and calls[2] - calls[0] >= 2.5  # waited 1 s, then 2 s

@@ -84,6 +84,21 @@ class Metrics:
             "mapper_wal_quarantined_records",
             "WAL records that failed on replay and were kept aside (maps/<id>/quarantine/)",
         )
+        self.storage_damage = per_map(
+            Counter,
+            "mapper_storage_damage",
+            "Damage found on recovery and quarantined: damaged WAL byte ranges (kind=wal) and snapshots "
+            "(kind=snapshot) (maps/<id>/quarantine/)",
+            ["kind"],
+        )
+        self.map_failed = per_map(
+            Gauge,
+            "mapper_map_failed",
+            "1 while a map is failed: stage=recovery (not served, left on disk), stage=snapshot (served; its "
+            "snapshots fail and are retried, the WAL keeps growing)",
+            ["stage"],
+        )
+        self.snapshot_failures = per_map(Counter, "mapper_snapshot_failures", "Snapshot writes that failed")
         self.frame_errors = Counter("mapper_frame_errors", "Frames rejected", ["reason"], registry=r)
         self.stage = Histogram(
             "mapper_stage_seconds",

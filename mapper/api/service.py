@@ -55,6 +55,7 @@ from ..errors import (
     OutOfDeviceMemory,
 )
 from ..map import Map
+from ..map_io import check_state_meta
 from ..persistence import MapDir, Snapshot, load_snapshot_bytes
 from ..settings import Settings
 from ..store import check_name, new_map_id, recover_map
@@ -93,6 +94,7 @@ class Op:
 
 
 _STOP = object()
+SNAPSHOT_RETRY_MAX_S = 60.0  # a failed snapshot is retried after 1, 2, 4, ... s, then every this
 STAGE_SAMPLE_S = 2.0  # CUDA: per-stage frame times are read (a device sync) once per this per map
 
 
@@ -175,7 +177,10 @@ class MapEntry:
         self.task: asyncio.Task | None = None
         self.stats_time = 0.0
         self.stage_time = -math.inf  # when the per-stage times of a frame were last read (CUDA: a sync)
-        self.quarantined: list[dict] = []  # notes of WAL records that failed on replay (MapDir.quarantine)
+        self.quarantined: list[dict] = []  # notes of what recovery kept aside (MapDir.quarantined)
+        self.snapshot_error: str | None = None  # the last snapshot attempt failed (retried: snapshot_due)
+        self.snapshot_retry_at = 0.0  # monotonic time of the next retry after a failed snapshot
+        self.snapshot_fails = 0  # consecutive failed snapshot attempts (the retry's backoff)
         self.in_flight = 0  # operations queued or being processed whose future is not resolved yet
         self.budget: int = info.get("memory_budget_bytes") or service.map_budget
         self.bytes = m.nbytes  # refreshed by the writer after each batch (read by other maps' writers)
@@ -636,8 +641,26 @@ class MapEntry:
                 return self.last_snapshot
             seq, tensors, meta, version = cap
             t = time.perf_counter()
-            snap = await asyncio.to_thread(self.dir.write_snapshot, seq, tensors, meta)
-            await asyncio.to_thread(self.dir.prune, seq, self.settings.snapshots_kept)
+            try:
+                snap = await asyncio.to_thread(self.dir.write_snapshot, seq, tensors, meta)
+            except Exception as e:
+                self._snapshot_failed(e)
+                raise
+            if self.snapshot_error is not None:
+                log.warning(
+                    "map %s: snapshot written again (at seq %d) after %d failures",
+                    self.id,
+                    seq,
+                    self.snapshot_fails,
+                )
+            self.snapshot_error, self.snapshot_fails = None, 0
+            self.metrics.map_failed.labels(self.id, "snapshot").set(0)
+            try:  # the log is kept from the previous snapshot on; a failed prune is retried next time
+                await asyncio.to_thread(self.dir.prune, seq, self.settings.snapshots_kept)
+            except Exception as e:
+                log.warning(
+                    "map %s: pruning after snapshot %d failed (%s: %s)", self.id, seq, type(e).__name__, e
+                )
             self.metrics.snapshot.observe(time.perf_counter() - t)
             self.snapshot_seq, self.snapshot_version = seq, version
             self.snapshot_time = time.monotonic()
@@ -645,8 +668,28 @@ class MapEntry:
             log.info("map %s: snapshot at seq %d (%d bytes)", self.id, seq, snap.path.stat().st_size)
             return snap
 
+    def _snapshot_failed(self, e: BaseException) -> None:
+        """A snapshot write failed: the map keeps serving (the WAL since the last snapshot still holds every
+        record); marked (``snapshot_error``: ``/readyz`` ``"degraded"``, ``mapper_map_failed{stage=
+        "snapshot"}``), one log line, and retried by the snapshot loop (backoff 1 s doubling to 60 s)."""
+        self.snapshot_error = f"snapshot failed: {type(e).__name__}: {e}"[:500]
+        self.snapshot_fails += 1
+        self.snapshot_retry_at = time.monotonic() + min(
+            SNAPSHOT_RETRY_MAX_S, 2.0 ** (self.snapshot_fails - 1)
+        )
+        self.metrics.snapshot_failures.labels(self.id).inc()
+        self.metrics.map_failed.labels(self.id, "snapshot").set(1)
+        log.error(
+            "map %s: %s (attempt %d; the WAL keeps every record; retried)",
+            self.id,
+            self.snapshot_error,
+            self.snapshot_fails,
+        )
+
     def snapshot_due(self) -> bool:
         s = self.settings
+        if self.snapshot_error is not None:  # a failed snapshot is retried, whatever the interval
+            return time.monotonic() >= self.snapshot_retry_at
         changed = self.last_seq != self.snapshot_seq
         if not changed:
             return False
@@ -788,8 +831,10 @@ def _jsonable(obj):
 
 def check_snapshot_meta(meta: dict) -> str | None:
     """The metadata of an imported snapshot, checked like a create request: the config through
-    ``MapCreate`` (types, ranges, layers), the stored name (if any) through ``check_name``. Returns the
-    stored name. Raises ``InvalidArgument`` naming the field."""
+    ``MapCreate`` (types, ranges, layers), every other field's range (``map_io.check_state_meta``:
+    version, frames_integrated, wal_seq, trajectory_start, tracking, info.memory_budget_bytes), the stored
+    name (if any) through ``check_name``. Returns the stored name. Raises ``InvalidArgument`` naming the
+    field."""
     from pydantic import ValidationError
 
     from .schemas import MapCreate
@@ -803,6 +848,7 @@ def check_snapshot_meta(meta: dict) -> str | None:
         raise InvalidArgument(f"snapshot: config.{loc}: {first.get('msg')}") from None
     if not isinstance(config.get("voxel_size_m"), (int, float)) or not config.get("layers"):
         raise InvalidArgument("snapshot: config needs voxel_size_m and layers")
+    check_state_meta(meta)  # version, frames_integrated, wal_seq, trajectory_start, ... in range
     info = meta.get("info")
     if info is None:
         return None
@@ -909,22 +955,48 @@ class MapService:
             os.environ.pop("TRITON_CACHE_DIR", None)
 
     async def _recover_all(self) -> None:
-        ids = await asyncio.to_thread(self.data.map_ids)
-        for map_id in ids:
-            try:
-                entry = await asyncio.to_thread(self._recover, map_id)
-            except Exception as e:
-                log.exception("map %s: recovery failed; left on disk untouched", map_id)
-                self.failed[map_id] = f"{type(e).__name__}: {e}"
-                continue
-            self.maps[map_id] = entry
-            entry.start()
-            if entry.last_seq != entry.snapshot_seq:
-                await entry.snapshot()
-        self.metrics.maps.set(len(self.maps))
-        await self._warm_up()
-        self.ready.set()
+        """Recover every map on its own: a map that fails (``RecoveryError``, an unreadable directory, ...)
+        is left on disk, listed in ``failed`` (``/readyz``), ``mapper_map_failed{stage="recovery"}`` and one
+        log line; the others are served. A failing post-recovery snapshot only marks its map (served; the
+        snapshot is retried). The service becomes ready whatever happens here."""
+        try:
+            ids = await self._list_maps()
+            for map_id in ids:
+                try:
+                    entry = await asyncio.to_thread(self._recover, map_id)
+                except Exception as e:
+                    reason = f"{type(e).__name__}: {e}"[:1000]
+                    log.error(
+                        "map %s: recovery failed; left on disk untouched and not served: %s", map_id, reason
+                    )
+                    log.debug("map %s: recovery failure", map_id, exc_info=True)
+                    self.failed[map_id] = reason
+                    self.metrics.map_failed.labels(map_id, "recovery").set(1)
+                    continue
+                self.maps[map_id] = entry
+                entry.start()
+                if entry.last_seq != entry.snapshot_seq:
+                    with contextlib.suppress(Exception):  # marked, logged and retried by the snapshot loop
+                        await entry.snapshot()
+            self.metrics.maps.set(len(self.maps))
+            await self._warm_up()
+        except Exception:
+            log.exception("recovery stopped early; serving the %d maps recovered so far", len(self.maps))
+        finally:
+            self.ready.set()
         log.info("recovered %d maps (%d failed) from %s", len(self.maps), len(self.failed), self.data.root)
+
+    async def _list_maps(self) -> list[str]:
+        """The store's map ids; while the store cannot be listed (unreachable, permissions) the service is
+        not ready and retries (1 s doubling to 30 s), one log line per attempt."""
+        attempt = 0
+        while True:
+            try:
+                return await asyncio.to_thread(self.data.map_ids)
+            except Exception as e:
+                log.error("listing the maps of %s failed (%s); retrying", self.data.root, e)
+                await asyncio.sleep(min(30.0, 2.0**attempt))
+                attempt += 1
 
     async def _warm_up(self) -> None:
         """Compile the kernels of the default map configuration (restored maps compiled theirs when they
@@ -948,10 +1020,13 @@ class MapService:
     def _recover(self, map_id: str) -> MapEntry:
         mdir = self.data.map_dir(map_id)
         quarantined: list = []
-        m, info, snap, last, replayed = recover_map(mdir, self.device, quarantined)
+        damage: list = []
+        m, info, snap, last, replayed = recover_map(mdir, self.device, quarantined, damage)
         entry = MapEntry(self, info, m, mdir, last, snap.seq if snap else 0)  # registers the map's name
         if quarantined:
             self.metrics.quarantined.labels(map_id).inc(len(quarantined))
+        for note in damage:
+            self.metrics.storage_damage.labels(map_id, note["kind"]).inc()
         entry.quarantined = mdir.quarantined()
         entry.last_snapshot = snap
         entry.snapshot_version = m.version if (snap is not None and replayed == 0) else -1
@@ -964,11 +1039,13 @@ class MapService:
             for e in list(self.maps.values()):
                 if e.closed or not e.snapshot_due():
                     continue
-                try:
+                with contextlib.suppress(Exception):  # logged, marked and retried (MapEntry._snapshot_failed)
                     await e.snapshot()
-                except Exception:
-                    log.exception("map %s: periodic snapshot failed", e.id)
             e = None  # not across the sleep: a deleted map would stay alive (its GPU memory) until then
+
+    def degraded(self) -> dict[str, str]:
+        """Served maps whose last snapshot attempt failed (id -> reason); retried by the snapshot loop."""
+        return {e.id: e.snapshot_error for e in list(self.maps.values()) if e.snapshot_error is not None}
 
     def quarantine_report(self, per_map: int = 10) -> dict[str, dict]:
         """Maps with quarantined WAL records: ``{id: {"count", "records": the newest per_map notes}}``."""
@@ -1025,11 +1102,13 @@ class MapService:
             check_name(name)
         if snapshot is not None:  # an imported map arrives whole: it must fit the budgets as it is
             others = sum(e.bytes for e in self.maps.values())
-            need, limit = m.nbytes, min(self.map_budget, self.memory_budget - others)
+            own = (extra or {}).get("memory_budget_bytes") or self.map_budget
+            need, limit = m.nbytes, min(own, self.memory_budget - others)
             if need > limit:
                 raise InsufficientStorage(
                     f"import: the map holds {need} bytes ({budget.fmt_bytes(need)}); {limit} bytes are left "
-                    f"in the memory budgets (MAPPER_MAP_MEMORY_BUDGET_BYTES={self.map_budget}, "
+                    f"in the memory budgets (the map's: {own} bytes, its info.memory_budget_bytes or "
+                    f"MAPPER_MAP_MEMORY_BUDGET_BYTES={self.map_budget}; "
                     f"MAPPER_MEMORY_BUDGET_BYTES={self.memory_budget})"
                 )
         async with self._names_lock:
@@ -1088,8 +1167,13 @@ class MapService:
             name = stored
             if name is not None and any(e.name == name for e in self.maps.values()):
                 name = None
-        state_meta = {k: meta[k] for k in ("config", "frames_integrated", "version") if k in meta}
-        return await self._register(name, m, (tensors, state_meta))
+        keys = ("config", "frames_integrated", "version", "trajectory_start", "tracking")
+        state_meta = {k: meta[k] for k in keys if k in meta}
+        extra = {"imported": True}  # snapshot 0 is its base: recovery never rebuilds it empty
+        stored_info = meta.get("info") if isinstance(meta.get("info"), dict) else {}
+        if stored_info.get("memory_budget_bytes") is not None:  # range-checked by check_state_meta
+            extra["memory_budget_bytes"] = stored_info["memory_budget_bytes"]
+        return await self._register(name, m, (tensors, state_meta), extra)
 
     async def delete(self, map_id: str) -> None:
         e = self.get(map_id)

@@ -26,8 +26,9 @@ async def readyz(request: Request, service: ServiceDep, settings: SettingsDep):
     """Maps are restored and the service accepts work (503 while restoring or stopping). Once tokens are
     set, a request without one (a probe) gets only ``{"status": "ready"}``; with an API/read token (an
     invalid one: 401), or with no tokens configured, also ``failed``: maps left on disk that could not be
-    restored (id -> error) and ``quarantined``: per map, the WAL records that failed on replay and were kept
-    aside (``maps/<id>/quarantine/``; the map is served without them)."""
+    restored (id -> error), ``degraded``: served maps whose snapshots fail (id -> error; retried) and
+    ``quarantined``: per map, the WAL records that failed on replay and were kept aside
+    (``maps/<id>/quarantine/``; the map is served without them)."""
     if service.stopping or not service.ready.is_set():
         state = "stopping" if service.stopping else "restoring"
         return JSONResponse({"type": "unavailable", "detail": state}, status_code=503)
@@ -40,6 +41,7 @@ async def readyz(request: Request, service: ServiceDep, settings: SettingsDep):
         "status": "ready",
         "maps": len(service.maps),
         "failed": service.failed,
+        "degraded": service.degraded(),
         "quarantined": service.quarantine_report(),
         "device": str(service.device),
     }
