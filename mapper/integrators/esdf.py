@@ -576,7 +576,10 @@ def coarse_tsdf_sites(
     return _reduce_sites(torch.cat(keys), torch.cat(axes), torch.cat(offs))
 
 
-_NEIGHBOURS_27 = [(i, j, k) for i in (-1, 0, 1) for j in (-1, 0, 1) for k in (-1, 0, 1)]
+def _neighbours_27(device) -> torch.Tensor:
+    """int64 ``[27, 3]``: the offsets ``{-1, 0, 1}^3`` (one host-to-device copy; rows are views)."""
+    r = (-1, 0, 1)
+    return torch.tensor([(i, j, k) for i in r for j in r for k in r], dtype=torch.int64, device=device)
 
 
 def _uncovered(q: torch.Tensor, site_keys: torch.Tensor, site_t: torch.Tensor, reach: float) -> torch.Tensor:
@@ -594,11 +597,14 @@ def _uncovered(q: torch.Tensor, site_keys: torch.Tensor, site_t: torch.Tensor, r
     if site_keys.numel() == 0:
         return torch.arange(q.shape[0], device=dev)
     table = torch.cat((site_t, site_t.new_full((1, 9), math.nan))).to(torch.float64).view(-1, 3, 3)
-    for off in _NEIGHBOURS_27:
-        kk = k + (steps * torch.tensor(off, device=dev)).sum()
+    nbr = _neighbours_27(dev)
+    key_off = (nbr * steps).sum(dim=1)
+    nbr_f = nbr.to(torch.float64)
+    for i in range(27):
+        kk = k + key_off[i]
         pos = torch.searchsorted(site_keys, kk).clamp_(max=site_keys.numel() - 1)
         row = torch.where(site_keys[pos] == kk, pos, site_keys.numel())
-        r = e - torch.tensor(off, dtype=torch.float64, device=dev)  # from the neighbour's centre
+        r = e - nbr_f[i]  # from the neighbour's centre
         r2 = (r * r).sum(dim=1, keepdim=True)
         along = r[:, :, None] - table[row]  # [P, 3 axes, 3 values]: offset along each line
         d2 = r2 - r * r + torch.nan_to_num(along * along, nan=math.inf).amin(dim=2)  # [P, 3]
@@ -654,9 +660,11 @@ def _snapped_points(
         safe = torch.where(n == 0, torch.ones_like(n), n)
         best = torch.full((p.shape[0],), math.inf, dtype=torch.float64, device=dev)
         shift = torch.zeros_like(ci)
-        for nb in _NEIGHBOURS_27:
-            d = torch.tensor(nb, dtype=torch.int64, device=dev)
-            r = e - d.to(torch.float64)  # the point from this neighbour's centre
+        nbr = _neighbours_27(dev)
+        nbr_f = nbr.to(torch.float64)
+        for i in range(27):
+            d = nbr[i]
+            r = e - nbr_f[i]  # the point from this neighbour's centre
             across = (r * r).sum(dim=1, keepdim=True) - r * r  # [P, 3]: squared distance to each line
             half = torch.sqrt((reach * reach - across).clamp(min=0.0))
             lo, hi = (r - half).clamp(min=-0.5), (r + half).clamp(max=0.5)
