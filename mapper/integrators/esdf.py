@@ -78,6 +78,10 @@ CPU_BRICKS = 1 << 11  # bricks per chunk for site extraction and distances on th
 SUBSET_PASSES_CUDA = False  # CUDA: envelope passes on the stored bricks' subsets (True) or the domain
 TILE_BRICKS = 1 << 18  # ESDF bricks of change (dirty or, cold, candidate) recomputed in one pass at most
 TILE_SHIFT = 4  # tiles of 16^3 bricks: the unit a large change is grouped by
+# coarse ESDF: fine crossings whose positive side reads >= this many fine voxels are no surface point (an
+# SDF changes by <= 1 voxel between neighbours; the truncation, 3 voxels by default, is what a free-space
+# voxel next to an occluded negative one reads where views merge)
+FRONT_MAX_VOX = 2.5
 DENSE_CELLS = 1 << 25  # largest bounding box (bricks) that brick-set dilation maps densely (64 MiB fp16)
 
 
@@ -270,12 +274,15 @@ def _gather_slots(layer: BrickLayer, slot: torch.Tensor, name: str) -> torch.Ten
     return layer.pool.gather(name, slot)
 
 
-def tsdf_sites(layer: BrickLayer, bricks: torch.Tensor, rows: int = CPU_BRICKS):
+def tsdf_sites(
+    layer: BrickLayer, bricks: torch.Tensor, rows: int = CPU_BRICKS, front_max: float | None = None
+):
     """Site voxels of a TSDF layer inside the given bricks.
 
     Args:
         layer: TSDF layer (fields ``tsdf``, ``weight``).
         bricks: int64 ``[M, 3]`` unique brick coordinates (absent ones hold no site).
+        front_max: where given, crossings whose positive side reads ``>= front_max`` are left out.
     Returns:
         int64 ``[S, 3]`` site voxels and float32 ``[S, 6]`` crossing offsets per edge direction
         ``(+i, -i, +j, -j, +k, -k)`` in voxels, in ``[0, 0.5]`` (NaN: no crossing on that edge).
@@ -328,10 +335,14 @@ def tsdf_sites(layer: BrickLayer, bricks: torch.Tensor, rows: int = CPU_BRICKS):
         pos = tv > 0
         # edge (v, v + e): t = a / (a - b) from v; it is v's crossing when t <= 0.5
         cross = ov & o_next & (pos != (t_next > 0))
+        if front_max is not None:
+            cross &= torch.maximum(tv, t_next) < front_max
         t = tv / (tv - t_next)
         up = torch.where(cross & (t <= 0.5), t, math.nan)
         # edge (v - e, v): the same expression evaluated from the lower voxel; v's when t > 0.5
         cross = o_prev & ov & ((t_prev > 0) != pos)
+        if front_max is not None:
+            cross &= torch.maximum(t_prev, tv) < front_max
         t = t_prev / (t_prev - tv)
         down = torch.where(cross & (t > 0.5), 1.0 - t, math.nan)
         # columns (+i, -i, +j, -j, +k, -k) per voxel
@@ -393,11 +404,18 @@ def edge_sites(site_t: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------- ESDF coarser than the source layers
 # The ESDF lattice has its own voxel ``S >= s`` (``s``: the TSDF / occupancy voxel); ``ratio = S / s``.
 # Coarse voxel ``I`` has its centre at fine coordinate ``x = (I + 1/2) * ratio - 1/2`` (fine coordinates:
-# fine voxel ``v``'s centre is at ``v``). The sites are the zero crossings of the fine TSDF's trilinear
+# fine voxel ``v``'s centre is at ``v``). The sites are (a) the zero crossings of the fine TSDF's trilinear
 # interpolant along the coarse lattice lines: on such a line the interpolant is bilinear across it (fixed
 # weights) and piecewise linear along it between fine centres, so its crossings are exact linear
-# interpolations between consecutive breakpoints (all corners with a non-zero weight observed). With
-# ``ratio == 1`` these are the fine sites of :func:`tsdf_sites` (that path is kept, bit for bit).
+# interpolations between consecutive breakpoints (all corners with a non-zero weight observed); and (b)
+# every fine surface point (:func:`tsdf_sites`' crossings; occupied fine centres), snapped to the coarse
+# voxel holding it: projected onto that voxel's centre line along the axis where it lies farthest from
+# the centre (the nearest point a site can be), so no observed fine surface is lost where (a) finds no
+# crossing (partly observed cells, thin objects between coarse lines, grazing ground). A surface point
+# ``p`` is then within ``sqrt(e_u^2 + e_v^2) <= S / sqrt(2)`` of a site (``e``: ``p`` minus the centre;
+# ``(S - s) / sqrt(2)`` at integer ratios), which is ``<= S / 2 + sqrt(3) / 2 s`` up to ``ratio`` 4.18 (7.6 at
+# integer ratios): the ESDF never reads farther than ``d_true + S / 2 + sqrt(3) / 2 s`` there. With
+# ``ratio == 1`` the sites are the fine sites of :func:`tsdf_sites` (that path is kept, bit for bit).
 
 
 def _coarse_of_fine(v: torch.Tensor, ratio: float):
@@ -481,10 +499,18 @@ _PAD_STRIDE = (25, 5, 1)  # element strides along i, j, k of a [5, 5, 5] padded 
 
 
 def coarse_tsdf_sites(
-    layer: BrickLayer, fine_bricks: torch.Tensor, ratio: float, rows: int = CPU_BRICKS // 4
+    layer: BrickLayer,
+    fine_bricks: torch.Tensor,
+    ratio: float,
+    rows: int = CPU_BRICKS // 4,
+    front_max: float | None = None,
 ):
     """Sites of a TSDF layer on a coarser ESDF lattice (``ratio = S / s > 1``), from the fine voxels of
-    ``fine_bricks`` as the lower corners of their cells.
+    ``fine_bricks``: (a) the crossings of the trilinear interpolant on the coarse lines through the cells
+    whose lower corners they are, and (b) their own fine crossings (:func:`tsdf_sites`), each snapped to
+    the coarse voxel holding it (:func:`_snapped_points`; see the section's comment for the bound), those
+    whose positive side reads ``>= front_max`` (metres, None: all) left out: the sign changes between a
+    voxel at the truncation and a negative one where views merge at an occlusion edge, not a surface.
 
     Returns:
         int64 ``[S, 3]`` coarse site voxels and float32 ``[S, 9]`` per line axis: leftmost, rightmost and
@@ -546,9 +572,132 @@ def coarse_tsdf_sites(
         keys.append(voxel_keys(site))
         axes.append(a_l)
         offs.append((q - c - 0.5).to(torch.float32))
-    if not keys:
-        return torch.zeros((0, 3), dtype=torch.int64, device=dev), torch.zeros((0, 9), device=dev)
+    # (b) every fine crossing that no site of (a) covers within the bound, snapped to the coarse voxel
+    # holding it (where (a) covers a crossing, its site lies on the surface; a snapped one may not)
+    fine_vox, fine_t = tsdf_sites(layer, fine_bricks, front_max=front_max)
+    ok = ~torch.isnan(fine_t)  # [F, 6]: columns (+i, -i, +j, -j, +k, -k)
+    si, col = ok.nonzero(as_tuple=True)
+    p = fine_vox[si].to(torch.float64)
+    step = fine_t[si, col].to(torch.float64) * (1 - 2 * (col % 2)).to(torch.float64)
+    p.scatter_add_(1, (col // 2)[:, None], step[:, None])
+    owner = fine_vox[si]
+    reach = 0.5 + math.sqrt(3) / 2 / ratio  # the bound, coarse voxels: S / 2 + sqrt(3) / 2 s
+    if keys:
+        a_vox, a_t = _reduce_sites(torch.cat(keys), torch.cat(axes), torch.cat(offs))
+        far = _uncovered((p + 0.5) / ratio, voxel_keys(a_vox), a_t, reach)
+        p, owner = p[far], owner[far]
+    k_b, a_b, o_b = _snapped_points(p, ratio, normal=_fine_gradient(layer, owner), reach=reach)
+    keys.append(k_b)
+    axes.append(a_b)
+    offs.append(o_b)
     return _reduce_sites(torch.cat(keys), torch.cat(axes), torch.cat(offs))
+
+
+def _neighbours_27(device) -> torch.Tensor:
+    """int64 ``[27, 3]``: the offsets ``{-1, 0, 1}^3`` (one host-to-device copy; rows are views)."""
+    r = (-1, 0, 1)
+    return torch.tensor([(i, j, k) for i in r for j in r for k in r], dtype=torch.int64, device=device)
+
+
+def _uncovered(q: torch.Tensor, site_keys: torch.Tensor, site_t: torch.Tensor, reach: float) -> torch.Tensor:
+    """Indices (int64) of the points ``q`` (float64 ``[P, 3]``, coarse units: voxel ``c`` spans ``[c, c +
+    1)``) with no site point within ``reach`` (``<= 1``) coarse voxels: the site points of the 27 voxels
+    around the one holding the point (every point within ``reach`` lies in one of them). ``site_keys``:
+    sorted int64 ``[S]`` keys of the site voxels, ``site_t``: their float32 ``[S, 9]``
+    (:func:`_reduce_sites`)."""
+    dev = q.device
+    c = torch.floor(q)
+    e = q - c - 0.5  # [P, 3], from the centre
+    k = voxel_keys(c.to(torch.int64))
+    steps = _key_steps(dev)
+    best = torch.full((q.shape[0],), math.inf, dtype=torch.float64, device=dev)
+    if site_keys.numel() == 0:
+        return torch.arange(q.shape[0], device=dev)
+    table = torch.cat((site_t, site_t.new_full((1, 9), math.nan))).to(torch.float64).view(-1, 3, 3)
+    nbr = _neighbours_27(dev)
+    key_off = (nbr * steps).sum(dim=1)
+    nbr_f = nbr.to(torch.float64)
+    for i in range(27):
+        kk = k + key_off[i]
+        pos = torch.searchsorted(site_keys, kk).clamp_(max=site_keys.numel() - 1)
+        row = torch.where(site_keys[pos] == kk, pos, site_keys.numel())
+        r = e - nbr_f[i]  # from the neighbour's centre
+        r2 = (r * r).sum(dim=1, keepdim=True)
+        along = r[:, :, None] - table[row]  # [P, 3 axes, 3 values]: offset along each line
+        d2 = r2 - r * r + torch.nan_to_num(along * along, nan=math.inf).amin(dim=2)  # [P, 3]
+        best = torch.minimum(best, d2.amin(dim=1))
+    return (best > reach * reach).nonzero().squeeze(1)
+
+
+def _fine_gradient(layer: BrickLayer, v: torch.Tensor) -> torch.Tensor:
+    """float64 ``[P, 3]``: the fine TSDF's gradient at observed voxels ``v`` (int64 ``[P, 3]``) by central
+    differences over the observed neighbours (one-sided where one is unobserved, 0 where both are)."""
+    dev = v.device
+    if v.shape[0] == 0:
+        return torch.zeros((0, 3), dtype=torch.float64, device=dev)
+    eye = torch.eye(3, dtype=torch.int64, device=dev)
+    ijk = torch.cat((v[None], v[None] + eye[:, None], v[None] - eye[:, None])).reshape(-1, 3)  # [7 P, 3]
+    (t, w), present = _gather_voxels(layer, ijk, ("tsdf", "weight"), (0.0, 0.0))
+    t, ok = t.to(torch.float64).view(7, -1), (present & (w > 0)).view(7, -1)
+    t0, tp, tm, op, om = t[0], t[1:4], t[4:7], ok[1:4], ok[4:7]
+    g = torch.where(op & om, (tp - tm) / 2, torch.where(op, tp - t0, torch.where(om, t0 - tm, 0.0)))
+    return g.T
+
+
+def _snapped_points(
+    p: torch.Tensor,
+    ratio: float,
+    axis: int | None = None,
+    normal: torch.Tensor | None = None,
+    reach: float = 0.0,
+):
+    """Fine points (float64 ``[P, 3]``, fine coordinates) as sites of the coarse voxels holding them:
+    (int64 keys ``[P]`` of those voxels, int64 line axes ``[P]``, float32 offsets ``[P]`` in coarse voxels,
+    ``[-1/2, 1/2]``).
+
+    With ``axis``: the voxel holding the point, the point's projection onto its centre line along ``axis``.
+    With ``normal`` (float64 ``[P, 3]``, the surface's normal there, any length): of the centre lines of the
+    27 voxels around the one holding the point, each within its own voxel (offsets in ``[-1/2, 1/2]``), the
+    point within ``reach`` (``<= 1``) coarse voxels of the point that lies closest to the surface's tangent
+    plane through it (a site as near the surface as the lines allow); where no line comes within
+    ``reach``, as without ``normal``: the nearest of the three projections onto the lines of the voxel
+    holding the point (along the axis on which it lies farthest from the centre)."""
+    q = (p + 0.5) / ratio  # coarse units: voxel c spans [c, c + 1)
+    c = torch.floor(q)
+    e = q - c - 0.5
+    ci = c.to(torch.int64)
+    if axis is not None:
+        line = torch.full((p.shape[0],), axis, dtype=torch.int64, device=p.device)
+        return voxel_keys(ci), line, e[:, axis].to(torch.float32)
+    line = e.abs().argmax(dim=1)
+    off = e.gather(1, line[:, None]).squeeze(1)
+    if normal is not None and p.shape[0]:
+        dev = p.device
+        n = normal / normal.norm(dim=1, keepdim=True).clamp(min=1e-30)
+        safe = torch.where(n == 0, torch.ones_like(n), n)
+        best = torch.full((p.shape[0],), math.inf, dtype=torch.float64, device=dev)
+        shift = torch.zeros_like(ci)
+        nbr = _neighbours_27(dev)
+        nbr_f = nbr.to(torch.float64)
+        for i in range(27):
+            d = nbr[i]
+            r = e - nbr_f[i]  # the point from this neighbour's centre
+            across = (r * r).sum(dim=1, keepdim=True) - r * r  # [P, 3]: squared distance to each line
+            half = torch.sqrt((reach * reach - across).clamp(min=0.0))
+            lo, hi = (r - half).clamp(min=-0.5), (r + half).clamp(max=0.5)
+            rest = (n * r).sum(dim=1, keepdim=True) - n * r  # the tangent plane: n_a (t - r_a) = rest
+            t = torch.where(n == 0, r, r + rest / safe)
+            t = torch.minimum(torch.maximum(t, lo), hi)
+            miss = (n * (t - r) - rest).abs() + 1e-9 * (across + (t - r) ** 2)  # nearest to the plane, then p
+            miss = torch.where((across <= reach * reach) & (lo <= hi), miss, math.inf)
+            m, a = miss.min(dim=1)
+            better = m < best
+            best = torch.where(better, m, best)
+            line = torch.where(better, a, line)
+            off = torch.where(better, t.gather(1, a[:, None]).squeeze(1), off)
+            shift = torch.where(better[:, None], d[None], shift)
+        ci = ci + shift
+    return voxel_keys(ci), line, off.to(torch.float32)
 
 
 def _reduce_sites(keys: torch.Tensor, axes: torch.Tensor, offs: torch.Tensor):
@@ -571,21 +720,24 @@ def coarse_occupancy_sites(
     layer: BrickLayer, fine_bricks: torch.Tensor, ratio: float, rows: int = CPU_BRICKS
 ):
     """Occupied fine voxels (``log_odds > 0``) on a coarser lattice: the coarse voxels holding an occupied
-    fine voxel's centre, each a site at its own centre (int64 ``[S, 3]``, float32 ``[S, 9]``: 0 on the
-    ``k`` line, NaN elsewhere)."""
+    fine voxel's centre, each centre projected onto the coarse voxel's ``k`` line (int64 ``[S, 3]`` sorted
+    site voxels, float32 ``[S, 9]``: leftmost, rightmost, nearest offset on the ``k`` line, NaN elsewhere;
+    only ``k`` lines, so the transform runs the ``k`` orientation alone). A centre is within ``S / sqrt(2)``
+    of its site point."""
     dev = fine_bricks.device
     local = brick_local_coords(dev)
-    out = []
+    keys, offs = [], []
     for sl in _chunks(fine_bricks.shape[0], dev, rows):
         b = fine_bricks[sl]
         lo = _gather_bricks(layer, b, "log_odds", math.nan)
         bi, oi = (lo > 0).nonzero(as_tuple=True)
-        v = b[bi] * 4 + local[oi]
-        out.append(torch.floor((v.to(torch.float64) + 0.5) / ratio).to(torch.int64))
-    v = _unique_bricks(torch.cat(out)) if out else torch.zeros((0, 3), dtype=torch.int64, device=dev)
-    t = torch.full((v.shape[0], 9), math.nan, device=dev)
-    t[:, 6:9] = 0.0
-    return v, t
+        k, _, o = _snapped_points((b[bi] * 4 + local[oi]).to(torch.float64), ratio, axis=2)
+        keys.append(k)
+        offs.append(o)
+    if not keys:
+        return torch.zeros((0, 3), dtype=torch.int64, device=dev), torch.zeros((0, 9), device=dev)
+    k = torch.cat(keys)
+    return _reduce_sites(k, torch.full_like(k, 2), torch.cat(offs))
 
 
 class _FineBlock:
@@ -1232,7 +1384,9 @@ class EsdfIntegrator:
             near = self._near_keys(region)
         fine = self._fine_bricks(src, near, cache)
         if tsdf is not None:
-            vox, t = coarse_tsdf_sites(tsdf, fine, self.ratio)
+            vox, t = coarse_tsdf_sites(
+                tsdf, fine, self.ratio, front_max=FRONT_MAX_VOX * self.source_voxel_size_m
+            )
         else:
             vox, t = coarse_occupancy_sites(occ, fine, self.ratio)
         if region is not None:
