@@ -153,13 +153,13 @@ def positive_int(text: str) -> int:
 
 
 def port_number(text: str) -> int:
-    """argparse type: a TCP port, 1-65535."""
+    """argparse type: a TCP port, 0-65535 (0: the system picks a free one, as uvicorn and the tests use)."""
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {text!r}") from None
-    if not 1 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {v}")
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {v}")
     return v
 
 

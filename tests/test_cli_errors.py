@@ -67,7 +67,7 @@ def test_usage_errors_exit_2(tmp_path, capsys):
         code, _, err = run([*base, flag, "0"], capsys)
         assert code == 2 and f"{flag}: expected a whole number >= 1, got 0" in err.splitlines()[-1], err
     code, _, err = run(["serve", "--port", "99999"], capsys)
-    assert code == 2 and "--port: expected a port number 1-65535, got 99999" in err.splitlines()[-1], err
+    assert code == 2 and "--port: expected a port number 0-65535, got 99999" in err.splitlines()[-1], err
     assert "Traceback" not in err and "pydantic" not in err
 
 
