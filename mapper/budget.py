@@ -219,7 +219,8 @@ def _rays_growth(
     band = tau if band is None else band
     lo_e, hi_e = _box(ends)
     lo, hi = torch.minimum(lo_e, origin), torch.maximum(hi_e, origin)
-    reach = m._esdf.brick_radius + math.ceil(tau / bm) + 1 if m._esdf is not None else 0
+    radius = m.esdf_brick_radius
+    reach = radius + math.ceil(tau / bm) + 1 if radius is not None else 0
     box = {"tsdf": _box_bricks(lo, hi, bm, band), "occupancy": _box_bricks(lo, hi, bm, s)}
     box["esdf"] = _box_bricks(lo_e, hi_e, bm, reach * bm)
     bf = 4 * getattr(m, "esdf_voxel_size_m", s)  # the free record's bricks (ESDF voxels)
@@ -229,18 +230,19 @@ def _rays_growth(
         return g
     end_bricks = torch.floor(ends / bm).to(torch.int64)
     n: dict[str, float] = {}
-    if m._occ is not None:
+    tsdf = m.stored_layer("tsdf")
+    if m.stored_layer("occupancy") is not None:
         n["occupancy"] = min(_free_space_bricks(ranges, bm), box["occupancy"])
-    if getattr(m, "_free", None) is not None:  # the rays' free space, walked at the ESDF's voxel
+    if m.stored_layer("free") is not None:  # the rays' free space, walked at the ESDF's voxel
         n["free"] = min(_free_space_bricks(ranges, bf), box["free"])
-    along = _band_bricks(ranges, band, bm) if m._tsdf is not None else 0.0
+    along = _band_bricks(ranges, band, bm) if tsdf is not None else 0.0
     # the dilations, on a coarse bitmap first (~1 ms; a looser bound) when the caller gives room, then on
     # the fine one (10-100 ms per 10^5 rays): the fine bound decides whenever the coarse one does not fit
     for cells in ((COARSE_CELLS,) if room is not None else ()) + (FINE_CELLS,):
-        if m._tsdf is not None:  # the band's bricks lie within ceil(tau / B) bricks of the return's brick
+        if tsdf is not None:  # the band's bricks lie within ceil(tau / B) bricks of the return's brick
             near = _dilated_bricks(end_bricks, math.ceil(band / bm), cells)
             n["tsdf"] = min(along, near, box["tsdf"])
-        if m._esdf is not None:
+        if m.has_esdf:
             # surface sites lie within the band (+1 brick for the crossings' neighbours), the domain within
             # Rb bricks of a site brick
             n["esdf"] = min(_dilated_bricks(end_bricks, reach, cells), box["esdf"])
@@ -259,11 +261,12 @@ def _rays_growth(
 def _floor_bytes(m, end_bricks: torch.Tensor) -> int:
     """A lower bound on the bytes a frame adds: the voxels of the TSDF and ESDF bricks of its returns
     that the map lacks (int64 ``[N, 3]`` brick of each return; 0 without a TSDF)."""
-    if m._tsdf is None:
+    tsdf = m.stored_layer("tsdf")
+    if tsdf is None:
         return 0
-    new = _absent(m._tsdf, _union(end_bricks)).shape[0]
-    per = BRICK_VOXELS * layer_voxel_bytes(m._tsdf.pool.fields)
-    if m._esdf is not None and abs(getattr(m, "esdf_voxel_size_m", m.voxel_size_m) - m.voxel_size_m) < 1e-12:
+    new = _absent(tsdf, _union(end_bricks)).shape[0]
+    per = BRICK_VOXELS * layer_voxel_bytes(tsdf.pool.fields)
+    if m.has_esdf and abs(getattr(m, "esdf_voxel_size_m", m.voxel_size_m) - m.voxel_size_m) < 1e-12:
         per += BRICK_VOXELS * ESDF_VOXEL_BYTES
     return new * per
 
@@ -334,49 +337,50 @@ def _footprint_bricks(m, origin, ends, ranges, band: float, bound: dict[str, flo
     bm = 4 * s
     dirs = (ends - origin) / ranges[:, None]
     band_b = torch.zeros((0, 3), dtype=torch.int64)
-    if m._tsdf is not None:
+    tsdf, occ, free = (m.stored_layer(k) for k in ("tsdf", "occupancy", "free"))
+    if tsdf is not None:
         band_b = _segment_bricks(
             origin, dirs, (ranges - band).clamp(min=0.0), ranges + band, bm, max_length=2 * band
         )
         if band_b is None:
             return n
-        n["tsdf"] = min(n["tsdf"], float(_absent(m._tsdf, band_b).shape[0]))
-    if m._occ is not None:
+        n["tsdf"] = min(n["tsdf"], float(_absent(tsdf, band_b).shape[0]))
+    if occ is not None:
         occ_b = _segment_bricks(origin, dirs, torch.zeros_like(ranges), ranges + s, bm)
         if occ_b is None:
             return n
-        n["occupancy"] = min(n["occupancy"], float(_absent(m._occ, occ_b).shape[0]))
-    free = getattr(m, "_free", None)
+        n["occupancy"] = min(n["occupancy"], float(_absent(occ, occ_b).shape[0]))
     se = getattr(m, "esdf_voxel_size_m", s)
     be = 4 * se
     free_b = torch.zeros((0, 3), dtype=torch.int64)
     if free is not None:
-        gap = free_gap(m.tsdf_config.tau if m._tsdf is not None else 0.0, se)
+        gap = free_gap(m.tsdf_config.tau if tsdf is not None else 0.0, se)
         length = ranges - gap
         keep = length > 0
         free_b = _segment_bricks(origin, dirs[keep], torch.zeros_like(length[keep]), length[keep], be)
         if free_b is None:
             return n
         n["free"] = min(n["free"], float(_absent(free, free_b).shape[0]))
-    esdf = m._esdf
+    esdf = m.esdf_layer
     if esdf is not None:
         # stored: observed bricks within Rb of a site; sites also lie on the free record's edges, so the
         # domain (the working memory) keeps the per-ray bound (the returns' bricks dilated by the reach)
         sources = [_to_lattice(band_b, bm, be), free_b]
-        if m._occ is not None:
+        if occ is not None:
             sources.append(_to_lattice(occ_b, bm, be))
         seen = _union(*sources)
-        observed = sum(la.num_bricks for la in (m._tsdf, m._occ, free) if la is not None)
-        backlog = max(0, observed - esdf.layer.num_bricks)  # observed bricks the ESDF does not store (yet)
+        observed = sum(la.num_bricks for la in (tsdf, occ, free) if la is not None)
+        backlog = max(0, observed - esdf.num_bricks)  # observed bricks the ESDF does not store (yet)
         n["esdf_domain"] = n["esdf"]
-        n["esdf"] = min(n["esdf"], float(_absent(esdf.layer, seen).shape[0] + backlog))
+        n["esdf"] = min(n["esdf"], float(_absent(esdf, seen).shape[0] + backlog))
     return n
 
 
 def _growth_of(m, bricks: dict[str, float]) -> Growth:
     """Bytes of up to ``bricks[layer]`` new bricks per layer of ``m`` (layers it lacks are skipped)."""
     g = Growth()
-    for name, layer in (("tsdf", m._tsdf), ("occupancy", m._occ), ("free", getattr(m, "_free", None))):
+    for name in ("tsdf", "occupancy", "free"):
+        layer = m.stored_layer(name)
         if layer is None:
             continue
         n = bricks[name]
@@ -384,10 +388,11 @@ def _growth_of(m, bricks: dict[str, float]) -> Growth:
         g.bricks[name] = int(n)
         # plus one page: pools grow by whole pages
         g.bytes += int(n * brick_bytes(layer, BRICK_VOXELS * vb)) + layer.pool.page_bricks * BRICK_VOXELS * vb
-    if m._esdf is not None:
+    esdf = m.esdf_layer
+    if esdf is not None:
         n = bricks["esdf"]
         g.bricks["esdf"] = int(n)
-        g.bytes += int(n * brick_bytes(m._esdf.layer, BRICK_VOXELS * ESDF_VOXEL_BYTES))
+        g.bytes += int(n * brick_bytes(esdf, BRICK_VOXELS * ESDF_VOXEL_BYTES))
         domain = bricks.get("esdf_domain", n)
         g.transient += esdf_working_bytes(int(domain * BRICK_VOXELS), m.device)
     return g
@@ -482,7 +487,4 @@ def esdf_update_bytes(m) -> int:
     """Working memory of the map's next ESDF update, estimated from its last one
     (``ESDF_UPDATE_BYTES_PER_VOXEL`` per voxel it computed; a replayed or similar frame recomputes a
     similar region); 0 without an ESDF or before its first update."""
-    esdf = getattr(m, "_esdf", None)
-    if esdf is None:
-        return 0
-    return ESDF_UPDATE_BYTES_PER_VOXEL * int(esdf.last.get("computed_voxels", 0))
+    return ESDF_UPDATE_BYTES_PER_VOXEL * int(m.esdf_last_update.get("computed_voxels", 0))

@@ -195,6 +195,7 @@ def cmd_serve(args) -> int:
             "device": args.device,
             "api_tokens": args.token,
             "log_level": args.log_level,
+            "foxglove_port": args.foxglove_port,  # mapper.api.routes.viewer starts the Foxglove bridge
         }.items()
         if v is not None
     }
@@ -225,8 +226,6 @@ def cmd_serve(args) -> int:
         print("mapper serve: --ray-workers needs --ray", file=sys.stderr)
         return 2
     if args.ray is None:
-        if args.foxglove_port is not None:  # mapper.api.routes.viewer starts the Foxglove bridge
-            os.environ["MAPPER_FOXGLOVE_PORT"] = str(args.foxglove_port)
         app = create_app(settings)
     else:  # map workers as Ray actors behind the same API (mapper.cluster)
         try:

@@ -68,6 +68,23 @@ class MapReads:
         ``InvalidArgument`` when the map has no ESDF yet."""
         return self._esdf_bounds(update)
 
+    @property
+    def esdf_layer(self) -> BrickLayer | None:
+        """The ESDF's brick layer (its stored distances), or None when the map has no ESDF."""
+        return self._esdf.layer if self._esdf is not None else None
+
+    @property
+    def esdf_brick_radius(self) -> int | None:
+        """How many bricks around a surface brick the ESDF reaches (``Rb = ceil(margin / 4)``), or None
+        when the map has no ESDF."""
+        return self._esdf.brick_radius if self._esdf is not None else None
+
+    @property
+    def esdf_last_update(self) -> dict:
+        """The report of the ESDF's last update (e.g. ``computed_voxels``); empty without an ESDF or
+        before its first update."""
+        return self._esdf.last if self._esdf is not None else {}
+
     def _require(self, name: str):
         """The layer answering the public layer ``name`` (the ESDF's integrator for the ESDF)."""
         if name in self.layers:

@@ -6,7 +6,7 @@ available), ``MAPPER_API_TOKENS`` (comma-separated bearer tokens with full acces
 (read-only tokens), ``MAPPER_METRICS_TOKEN`` (a bearer token for ``/metrics`` only), limits
 (``MAPPER_MAX_BODY_BYTES``, ``MAPPER_MAX_POSE_TRANSLATION_M``, ...), the connection edge
 (``MAPPER_HEADER_TIMEOUT_S``, ``MAPPER_BODY_TIMEOUT_S``, ``MAPPER_MAX_CONNECTIONS[_PER_CLIENT]``, ...;
-``mapper.api.edge``), ``MAPPER_SNAPSHOT_INTERVAL_S``, the
+``mapper.api.edge``), ``MAPPER_SNAPSHOT_INTERVAL_S``, ``MAPPER_FOXGLOVE_PORT``/``MAPPER_FOXGLOVE_HOST``, the
 default map parameters and ``MAPPER_SHUTDOWN_GRACE_S``. ``mapper serve`` reads them; its flags override them.
 """
 
@@ -119,10 +119,20 @@ class Settings(BaseSettings):
     # /readyz is ready; the Triton cache lives under data_dir/triton-cache unless TRITON_CACHE_DIR is set
     warmup: bool = True
 
+    # outputs: a Foxglove WebSocket server (mapper serve --foxglove-port; mapper.api.routes.viewer) on
+    # foxglove_host:foxglove_port (0 = an ephemeral port); unset or empty = none
+    foxglove_port: int | None = Field(None, ge=0, le=65535)
+    foxglove_host: str = "127.0.0.1"
+
     # defaults of POST /v1/maps
     default_voxel_size_m: float = Field(0.1, gt=0)
     default_layers: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["tsdf", "esdf"])
     default_max_range_m: float = Field(100.0, gt=0)
+
+    @field_validator("foxglove_port", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value):
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("api_tokens", "read_tokens", "default_layers", mode="before")
     @classmethod

@@ -138,3 +138,37 @@ def test_cli_errors(tmp_path, capsys):
     assert code == 1 and "not found" in err
     code, _, err = run(["serve", "--host", "10.1.2.3"], capsys)
     assert code == 2 and "refusing" in err
+
+
+def test_foxglove_settings_from_env_and_flag(tmp_path, monkeypatch, capsys):
+    """The Foxglove bridge's address is a setting: MAPPER_FOXGLOVE_PORT/HOST (empty = none), and
+    ``serve --foxglove-port`` hands it to the app's settings without touching the environment."""
+    import os
+
+    import uvicorn
+    from pydantic import ValidationError
+
+    from mapper.settings import Settings
+
+    monkeypatch.delenv("MAPPER_FOXGLOVE_PORT", raising=False)
+    monkeypatch.delenv("MAPPER_FOXGLOVE_HOST", raising=False)
+    assert Settings().foxglove_port is None and Settings().foxglove_host == "127.0.0.1"
+    monkeypatch.setenv("MAPPER_FOXGLOVE_PORT", "8765")
+    monkeypatch.setenv("MAPPER_FOXGLOVE_HOST", "0.0.0.0")
+    s = Settings()
+    assert (s.foxglove_port, s.foxglove_host) == (8765, "0.0.0.0")
+    monkeypatch.setenv("MAPPER_FOXGLOVE_PORT", "")
+    assert Settings().foxglove_port is None  # empty = no bridge, as before
+    monkeypatch.setenv("MAPPER_FOXGLOVE_PORT", "70000")
+    with pytest.raises(ValidationError, match="foxglove_port"):
+        Settings()
+    monkeypatch.delenv("MAPPER_FOXGLOVE_PORT")
+    monkeypatch.delenv("MAPPER_FOXGLOVE_HOST")
+
+    served = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
+    argv = ["serve", "--data-dir", str(tmp_path), "--device", "cpu", "--foxglove-port", "8799"]
+    code, _, _ = run(argv, capsys)
+    assert code == 0
+    assert served["app"].state.settings.foxglove_port == 8799
+    assert "MAPPER_FOXGLOVE_PORT" not in os.environ

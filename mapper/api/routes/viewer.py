@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 import weakref
 from typing import Annotated
@@ -26,21 +25,23 @@ log = logging.getLogger("mapper.api")
 
 @contextlib.asynccontextmanager
 async def foxglove_lifespan(app):
-    """With ``MAPPER_FOXGLOVE_PORT`` (``mapper serve --foxglove-port``), a Foxglove WebSocket server on
-    ``MAPPER_FOXGLOVE_HOST`` (default 127.0.0.1) publishes the maps (mapper.foxglove): the SDK's server on
-    an ephemeral loopback port behind ``FoxgloveGate`` (tokens, both subprotocol names) on the public one.
+    """With ``Settings.foxglove_port`` (``mapper serve --foxglove-port``, ``MAPPER_FOXGLOVE_PORT``), a
+    Foxglove WebSocket server on ``Settings.foxglove_host`` (``MAPPER_FOXGLOVE_HOST``) publishes the maps
+    (mapper.foxglove): the SDK's server on an ephemeral loopback port behind ``FoxgloveGate`` (tokens,
+    both subprotocol names) on the public one.
     Runs inside the app's lifespan, after the map service started."""
-    port = os.environ.get("MAPPER_FOXGLOVE_PORT")
-    if not port:
+    settings = app.state.settings
+    port = settings.foxglove_port
+    if port is None:
         yield
         return
     from ...foxglove import FoxgloveBridge
     from ..foxglove_gate import FoxgloveGate
 
-    host = os.environ.get("MAPPER_FOXGLOVE_HOST", "127.0.0.1")
+    host = settings.foxglove_host
     bridge = FoxgloveBridge(app.state.service, host="127.0.0.1", port=0)  # reached through the gate only
     try:
-        gate = await FoxgloveGate(app.state.settings, bridge.port).start(host, int(port))
+        gate = await FoxgloveGate(settings, bridge.port).start(host, port)
     except BaseException:
         bridge.stop()
         raise
