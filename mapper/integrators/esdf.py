@@ -325,6 +325,8 @@ def tsdf_sites(
         pad[:, inner, inner, 0] = g[:, 6, :, :, 3]
 
         gt, le = pad > 0, pad <= 0  # both False where unobserved
+        if front_max is not None:  # a sign change's larger value is its positive one: < front_max
+            gt &= pad < front_max
         cols = []
         for ax in range(3):
             # the edges (lo, hi) = (v, v + e_a) along axis a from pad index 0 to 4 (the first from the -
@@ -338,8 +340,6 @@ def tsdf_sites(
 
             lo, hi = pad[win(0)], pad[win(1)]
             cross = (gt[win(0)] & le[win(1)]) | (le[win(0)] & gt[win(1)])
-            if front_max is not None:
-                cross &= torch.maximum(lo, hi) < front_max
             t = torch.where(cross, lo / (lo - hi), math.nan)
             sel_up = [slice(None)] * 4
             sel_up[ax + 1] = slice(1, 5)
