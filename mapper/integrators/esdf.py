@@ -298,10 +298,11 @@ def tsdf_sites(
     nkeys = voxel_keys(bricks)[:, None] + torch.cat((step_keys[:1] * 0, step_keys, -step_keys))[None, :]
     ext, ext_slot = _existing_slots(layer, keys_to_ijk(torch.unique(nkeys)))
     keys = voxel_keys(ext)
+    # unobserved (weight 0) and absent voxels read NaN: every comparison with it is False, so an edge has a
+    # sign change only between two observed voxels (one array instead of values and observed flags)
     t_all = _gather_slots(layer, ext_slot, "tsdf").to(torch.float32)
-    o_all = _gather_slots(layer, ext_slot, "weight") > 0
-    t_all = torch.cat((t_all, t_all.new_zeros((1, 64)))).reshape(-1, 4, 4, 4)
-    o_all = torch.cat((o_all, o_all.new_zeros((1, 64)))).reshape(-1, 4, 4, 4)
+    t_all = torch.where(_gather_slots(layer, ext_slot, "weight") > 0, t_all, math.nan)
+    t_all = torch.cat((t_all, t_all.new_full((1, 64), math.nan))).reshape(-1, 4, 4, 4)
     # rows of the brick (column 0) and of its neighbours +i, +j, +k, -i, -j, -k (columns 1..6), one search
     pos = torch.searchsorted(keys, nkeys).clamp_(max=max(keys.numel() - 1, 0))
     nrows = torch.where(keys[pos] == nkeys, pos, keys.numel()) if keys.numel() else pos
@@ -311,46 +312,50 @@ def tsdf_sites(
     for sl in _chunks(bricks.shape[0], dev, rows):
         b = bricks[sl]
         m = b.shape[0]
-        # the brick padded by one voxel from its six face neighbours ([m, 6, 6, 6]; edges unused), so the
-        # three axes are formed at once: the values at v + e_a / v - e_a are shifted windows of it
-        g_t, g_o = t_all[nrows[sl]], o_all[nrows[sl]]  # [m, 7, 4, 4, 4]
-        pad_t = torch.zeros((m, 6, 6, 6), dtype=t_all.dtype, device=dev)
-        pad_o = torch.zeros((m, 6, 6, 6), dtype=torch.bool, device=dev)
-        for pad, g in ((pad_t, g_t), (pad_o, g_o)):
-            pad[:, inner, inner, inner] = g[:, 0]
-            pad[:, 5, inner, inner] = g[:, 1, 0]  # +i neighbour: its i = 0 face
-            pad[:, inner, 5, inner] = g[:, 2, :, 0]
-            pad[:, inner, inner, 5] = g[:, 3, :, :, 0]
-            pad[:, 0, inner, inner] = g[:, 4, 3]  # -i neighbour: its i = 3 face
-            pad[:, inner, 0, inner] = g[:, 5, :, 3]
-            pad[:, inner, inner, 0] = g[:, 6, :, :, 3]
+        # the brick padded by one voxel from its six face neighbours ([m, 6, 6, 6]; edges unused): the values
+        # at v + e_a / v - e_a are shifted windows of it
+        g = t_all[nrows[sl]]  # [m, 7, 4, 4, 4]
+        pad = torch.full((m, 6, 6, 6), math.nan, dtype=t_all.dtype, device=dev)
+        pad[:, inner, inner, inner] = g[:, 0]
+        pad[:, 5, inner, inner] = g[:, 1, 0]  # +i neighbour: its i = 0 face
+        pad[:, inner, 5, inner] = g[:, 2, :, 0]
+        pad[:, inner, inner, 5] = g[:, 3, :, :, 0]
+        pad[:, 0, inner, inner] = g[:, 4, 3]  # -i neighbour: its i = 3 face
+        pad[:, inner, 0, inner] = g[:, 5, :, 3]
+        pad[:, inner, inner, 0] = g[:, 6, :, :, 3]
 
-        def shifted(pad, d):  # [m, 3, 4, 4, 4]: the values at v + d e_a for a = i, j, k
-            w = (slice(1 + d, 5 + d), inner, inner)
-            return torch.stack([pad[(slice(None), *w[-a:], *w[:-a])] for a in range(3)], dim=1)
+        gt, le = pad > 0, pad <= 0  # both False where unobserved
+        if front_max is not None:  # a sign change's larger value is its positive one: < front_max
+            gt &= pad < front_max
+        cols = []
+        for ax in range(3):
+            # the edges (lo, hi) = (v, v + e_a) along axis a from pad index 0 to 4 (the first from the -
+            # neighbour): t = lo / (lo - hi) from lo, a sign change between two observed voxels; voxel v
+            # (pad index 1..4) owns its upper edge's crossing when t <= 0.5 (offset t), its lower edge's
+            # when t > 0.5 (offset 1 - t): each edge's values formed once for both of its voxels
+            def win(lo_at, ax=ax):
+                w = [inner, inner, inner]
+                w[ax] = slice(lo_at, lo_at + 5)
+                return (slice(None), *w)
 
-        tv, ov = g_t[:, :1], g_o[:, :1]  # [m, 1, 4, 4, 4]
-        t_next, o_next = shifted(pad_t, 1), shifted(pad_o, 1)
-        t_prev, o_prev = shifted(pad_t, -1), shifted(pad_o, -1)
-        pos = tv > 0
-        # edge (v, v + e): t = a / (a - b) from v; it is v's crossing when t <= 0.5
-        cross = ov & o_next & (pos != (t_next > 0))
-        if front_max is not None:
-            cross &= torch.maximum(tv, t_next) < front_max
-        t = tv / (tv - t_next)
-        up = torch.where(cross & (t <= 0.5), t, math.nan)
-        # edge (v - e, v): the same expression evaluated from the lower voxel; v's when t > 0.5
-        cross = o_prev & ov & ((t_prev > 0) != pos)
-        if front_max is not None:
-            cross &= torch.maximum(t_prev, tv) < front_max
-        t = t_prev / (t_prev - tv)
-        down = torch.where(cross & (t > 0.5), 1.0 - t, math.nan)
-        # columns (+i, -i, +j, -j, +k, -k) per voxel
-        tt = torch.stack((up, down), dim=2).permute(0, 3, 4, 5, 1, 2).reshape(-1, 64, 6)
-        site = ~torch.isnan(tt).all(dim=2)
+            lo, hi = pad[win(0)], pad[win(1)]
+            cross = (gt[win(0)] & le[win(1)]) | (le[win(0)] & gt[win(1)])
+            t = torch.where(cross, lo / (lo - hi), math.nan)
+            sel_up = [slice(None)] * 4
+            sel_up[ax + 1] = slice(1, 5)
+            sel_dn = [slice(None)] * 4
+            sel_dn[ax + 1] = slice(0, 4)
+            t_up, t_dn = t[tuple(sel_up)], t[tuple(sel_dn)]
+            cols.append(torch.where(t_up <= 0.5, t_up, math.nan))
+            cols.append(torch.where(t_dn > 0.5, 1.0 - t_dn, math.nan))
+        # columns (+i, -i, +j, -j, +k, -k), gathered at the site voxels only (those with any crossing)
+        cols = [c.reshape(-1, 64) for c in cols]
+        site = ~torch.isnan(cols[0])
+        for c in cols[1:]:
+            site |= ~torch.isnan(c)
         bi, oi = site.nonzero(as_tuple=True)
         out_v.append(b[bi] * 4 + local[oi])
-        out_t.append(tt[bi, oi])
+        out_t.append(torch.stack([c[bi, oi] for c in cols], dim=1))
     return torch.cat(out_v), torch.cat(out_t)
 
 
@@ -613,18 +618,21 @@ def _uncovered(q: torch.Tensor, site_keys: torch.Tensor, site_t: torch.Tensor, r
     best = torch.full((q.shape[0],), math.inf, dtype=torch.float64, device=dev)
     if site_keys.numel() == 0:
         return torch.arange(q.shape[0], device=dev)
-    table = torch.cat((site_t, site_t.new_full((1, 9), math.nan))).to(torch.float64).view(-1, 3, 3)
+    # no crossing (NaN) and no site (the extra last row) read +inf: ``(r - inf)^2 = inf``, as NaN -> inf did
+    table = torch.cat((site_t, site_t.new_full((1, 9), math.nan))).to(torch.float64)
+    table = torch.nan_to_num_(table, nan=math.inf, posinf=math.inf, neginf=-math.inf).view(-1, 3, 3)
     nbr = _neighbours_27(dev)
     key_off = (nbr * steps).sum(dim=1)
     nbr_f = nbr.to(torch.float64)
+    last = site_keys.numel() - 1
     for i in range(27):
         kk = k + key_off[i]
-        pos = torch.searchsorted(site_keys, kk).clamp_(max=site_keys.numel() - 1)
-        row = torch.where(site_keys[pos] == kk, pos, site_keys.numel())
+        pos = torch.searchsorted(site_keys, kk).clamp_(max=last)
+        row = torch.where(site_keys[pos] == kk, pos, last + 1)
         r = e - nbr_f[i]  # from the neighbour's centre
-        r2 = (r * r).sum(dim=1, keepdim=True)
+        rr = r * r
         along = r[:, :, None] - table[row]  # [P, 3 axes, 3 values]: offset along each line
-        d2 = r2 - r * r + torch.nan_to_num(along * along, nan=math.inf).amin(dim=2)  # [P, 3]
+        d2 = rr.sum(dim=1, keepdim=True) - rr + (along * along).amin(dim=2)  # [P, 3]
         best = torch.minimum(best, d2.amin(dim=1))
     return (best > reach * reach).nonzero().squeeze(1)
 
@@ -679,16 +687,20 @@ def _snapped_points(
         shift = torch.zeros_like(ci)
         nbr = _neighbours_27(dev)
         nbr_f = nbr.to(torch.float64)
+        flat = n == 0
         for i in range(27):
             d = nbr[i]
             r = e - nbr_f[i]  # the point from this neighbour's centre
-            across = (r * r).sum(dim=1, keepdim=True) - r * r  # [P, 3]: squared distance to each line
+            rr = r * r
+            across = rr.sum(dim=1, keepdim=True) - rr  # [P, 3]: squared distance to each line
             half = torch.sqrt((reach * reach - across).clamp(min=0.0))
             lo, hi = (r - half).clamp(min=-0.5), (r + half).clamp(max=0.5)
-            rest = (n * r).sum(dim=1, keepdim=True) - n * r  # the tangent plane: n_a (t - r_a) = rest
-            t = torch.where(n == 0, r, r + rest / safe)
+            nr = n * r
+            rest = nr.sum(dim=1, keepdim=True) - nr  # the tangent plane: n_a (t - r_a) = rest
+            t = torch.where(flat, r, r + rest / safe)
             t = torch.minimum(torch.maximum(t, lo), hi)
-            miss = (n * (t - r) - rest).abs() + 1e-9 * (across + (t - r) ** 2)  # nearest to the plane, then p
+            tr = t - r
+            miss = (n * tr - rest).abs() + 1e-9 * (across + tr * tr)  # nearest to the plane, then p
             miss = torch.where((across <= reach * reach) & (lo <= hi), miss, math.inf)
             m, a = miss.min(dim=1)
             better = m < best
