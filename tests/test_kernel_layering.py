@@ -7,6 +7,8 @@ function, except under ``TYPE_CHECKING``. Then the whole package: every module s
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -247,3 +249,18 @@ def test_the_package_checker_on_a_toy_package(tmp_path, monkeypatch):
     }
     assert floor_of("kernels.k", table) == 1 and floor_of("map", table) == 2 and floor_of("x", table) is None
     assert sorted(map(sorted, cycles(g))) == [["errors", "kernels.k", "map"]]
+
+
+def test_the_map_imports_no_triton():
+    """A CPU install has no Triton: importing the package, the map, the grid and the service must not load it
+    (the ``kernels/triton_*`` modules are imported only when a call chooses them). A fresh interpreter, since
+    this one may have loaded Triton already; the check fails the same way if a ``triton_*`` module is pulled
+    in at module level."""
+    code = (
+        "import sys, mapper, mapper.map, mapper.grid, mapper.api.app, mapper.cli\n"
+        "bad = sorted(m for m in sys.modules if m == 'triton' or m.startswith('triton.') or m.startswith('mapper.') and '.triton_' in m)\n"
+        "assert not bad, bad\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
