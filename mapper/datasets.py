@@ -6,6 +6,7 @@ Each reader returns numpy arrays in SI units; nothing here touches torch or the 
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -128,8 +129,6 @@ class ReplicaSequence:
     PNG's quantisation). The default -0.5 applies that correction to K."""
 
     def __init__(self, root: str | Path, cam_params: dict | None = None, pixel_center_shift: float = -0.5):
-        import json
-
         root = Path(root)
         img_dir = root / "results" if (root / "results").is_dir() else root
         self.depths = sorted(img_dir.glob("depth*.png"))
