@@ -29,6 +29,7 @@ import collections
 import json
 import logging
 import resource
+from http import HTTPStatus
 
 from ..settings import Settings
 from .errors import EDGE_CLOSED
@@ -114,8 +115,6 @@ class EdgeGuard:
 
 
 def _raw_response(status: int, error_type: str, detail: str, extra: bytes = b"") -> bytes:
-    from http import HTTPStatus
-
     body = json.dumps({"type": error_type, "detail": detail}).encode()
     phrase = HTTPStatus(status).phrase.encode()
     return (

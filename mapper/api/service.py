@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from .. import budget, store, warmup, wire
-from .._validation import check_translation
+from .._validation import check_translation, resolve_device
 from ..errors import (
     Conflict,
     InsufficientStorage,
@@ -63,6 +63,7 @@ from ..store_backends import open_store
 from . import memory
 from .errors import Busy, Unavailable
 from .metrics import Metrics
+from .schemas import MapCreate
 
 log = logging.getLogger("mapper.service")
 
@@ -837,8 +838,6 @@ def check_snapshot_meta(meta: dict) -> str | None:
     field."""
     from pydantic import ValidationError
 
-    from .schemas import MapCreate
-
     config = meta.get("config")
     try:
         MapCreate.model_validate({**config, "name": None} if isinstance(config, dict) else config)
@@ -901,8 +900,6 @@ class MapService:
 
     @staticmethod
     def _device(spec: str) -> torch.device:
-        from .._validation import resolve_device
-
         return resolve_device(spec)
 
     # ------------------------------------------------------------------------------------ lifecycle

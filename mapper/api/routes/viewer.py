@@ -17,8 +17,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from ... import viewer
+from ...foxglove import FoxgloveBridge
 from ...mesh import apply_delta, empty_mesh
 from ..deps import VERSION_HEADER, EntryDep, ReadAuth, reply
+from ..foxglove_gate import FoxgloveGate
 from ..schemas import ErrorBody
 
 log = logging.getLogger("mapper.api")
@@ -34,9 +36,6 @@ async def foxglove_lifespan(app):
     if not port:
         yield
         return
-    from ...foxglove import FoxgloveBridge
-    from ..foxglove_gate import FoxgloveGate
-
     host = os.environ.get("MAPPER_FOXGLOVE_HOST", "127.0.0.1")
     bridge = FoxgloveBridge(app.state.service, host="127.0.0.1", port=0)  # reached through the gate only
     try:
