@@ -28,20 +28,34 @@ import re
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import numpy as np
 import torch
 from fastapi import APIRouter, Body, FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__
+from .. import __version__, wire
+from ..api import create_app, errors
+from ..api.app import BodyLimit, HttpMetrics, _offline_docs
+from ..api.auth import AuthGate, route_table
+from ..api.deps import VERSION_HEADER, ReadAuth, WriteAuth, check_metrics_token, check_token, reply
+from ..api.errors import Unavailable
 from ..errors import Conflict, InvalidArgument, MapperError, NotFound
+from ..persistence import META_KEY
 from ..settings import Settings
+from ..store import NAME_PATTERN
+from ..store_backends import is_object_store, open_store
+from ..viewer import STATIC_DIR
+from . import ray_cluster
 from .ray_cluster import WorkerHandle
+from .worker import worker_dir
 
 log = logging.getLogger("mapper.cluster.ingress")
 
@@ -127,9 +141,6 @@ class Router:
         self.http = httpx.AsyncClient(
             timeout=httpx.Timeout(600.0, connect=5.0), limits=httpx.Limits(max_connections=100)
         )
-        from ..api import create_app
-        from ..api.auth import route_table
-
         self.levels = route_table(create_app(settings).router.routes)  # the single-process app's auth
 
     async def close(self) -> None:
@@ -173,8 +184,6 @@ class Router:
                     f"map worker {index} failed during the request ({type(e).__name__}); it may or may not "
                     "have been applied"
                 ) from None
-        from ..api.errors import Unavailable
-
         raise Unavailable(f"map worker {index} does not accept connections; retry")
 
     async def json(self, index: int, method: str, path: str, **kw):
@@ -195,8 +204,6 @@ class Router:
         summaries: dict[str, tuple[int, dict]] = {}
         for i, resp in enumerate(lists):
             if resp.status_code != 200:
-                from ..api.errors import Unavailable
-
                 raise Unavailable(f"map worker {i}: listing maps answered {resp.status_code}")
             for m in resp.json()["maps"]:
                 summaries[m["id"]] = (i, m)
@@ -224,11 +231,6 @@ class Router:
         """Serve the maps on the shared root that no worker owns: those of a plain ``mapper serve`` on the
         same data directory (``<root>/maps``) and those of workers beyond the current count (``--ray-workers``
         lowered). Each is placed like a new map and moved into its worker's directory. Returns their ids."""
-        from pathlib import Path
-
-        from ..store_backends import is_object_store
-        from .worker import worker_dir
-
         if is_object_store(self.settings.store):
             return await self._adopt_from_store()
         root = Path(root)
@@ -261,8 +263,6 @@ class Router:
     async def _adopt_from_store(self) -> list[str]:
         """``adopt`` on an object store: the maps with no owner object (made by a plain ``mapper serve``)
         or owned by a worker beyond the current count; each is placed like a new map and claimed."""
-        from ..store_backends import open_store
-
         data = await asyncio.to_thread(open_store, self.settings, None)
         owners = await asyncio.to_thread(data.owners)
         current = {f"w{i}" for i in range(len(self.workers))}
@@ -388,8 +388,6 @@ async def _await(ref):
 @contextlib.asynccontextmanager
 async def _closed(gate: Route):
     """Close a gate (new requests wait), wait until the ones in flight are answered, reopen on exit."""
-    from ..api.errors import Unavailable
-
     gate.paused = True
     gate.resumed.clear()
     try:
@@ -427,8 +425,6 @@ def _response(resp: httpx.Response, body: bytes | None = None):
 def stored_name(snapshot: bytes) -> str | None:
     """The map name stored in an exported snapshot (safetensors header metadata), or None (none stored,
     or not readable here: the worker validates the file)."""
-    from ..persistence import META_KEY
-
     try:
         n = int.from_bytes(snapshot[:8], "little")
         if not 0 < n <= min(len(snapshot) - 8, 100 << 20):
@@ -483,14 +479,6 @@ def create_cluster_app(
     """The ingress app of ``mapper serve --ray``. Its lifespan joins the Ray cluster at ``address`` (or
     uses the one this process already joined, or starts a local one), starts ``workers`` map workers
     (default: one per GPU, 2 without), and stops them (every map snapshotted) at shutdown."""
-    from ..api import errors
-    from ..api.app import BodyLimit, HttpMetrics, _offline_docs
-    from ..api.auth import AuthGate
-    from ..api.deps import ReadAuth, WriteAuth, check_metrics_token, check_token
-    from ..api.errors import Unavailable
-    from ..viewer import STATIC_DIR
-    from . import ray_cluster
-
     metrics = IngressMetrics()
 
     @asynccontextmanager
@@ -615,8 +603,6 @@ def create_cluster_app(
         name = request.query_params.get("name")
         if shards.is_sharded_export(body):  # a sharded map's export: K shards again
             if name is not None:
-                from ..store import NAME_PATTERN
-
                 if not re.fullmatch(NAME_PATTERN, name):
                     raise InvalidMapId(f"query.name: String should match pattern '{NAME_PATTERN}'")
             async with r.lock:
@@ -732,10 +718,6 @@ def create_cluster_app(
     def openapi() -> dict:
         """``mapper serve``'s schema (every forwarded route, as it is) plus the cluster's own routes."""
         if app.openapi_schema is None:
-            from fastapi.openapi.utils import get_openapi
-
-            from ..api import create_app
-
             schema = create_app(settings).openapi()
             own = get_openapi(title=app.title, version=app.version, routes=app.routes)
             for path, item in own.get("paths", {}).items():  # mapper serve's documentation wins
@@ -751,17 +733,11 @@ def create_cluster_app(
 
     @app.get("/", include_in_schema=False)
     async def root():
-        from fastapi.responses import RedirectResponse
-
         return RedirectResponse("/viewer", status_code=307)
 
     @app.get("/viewer", include_in_schema=False)
     async def viewer_page():
-        from fastapi.responses import FileResponse
-
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
-
-    from fastapi.staticfiles import StaticFiles
 
     app.mount("/viewer/static", StaticFiles(directory=STATIC_DIR), name="viewer-static")
     app.add_middleware(BodyLimit, settings=settings)
@@ -807,7 +783,6 @@ def _query_int(request: Request, name: str, lo: int, hi: int, default: int | Non
 
 
 async def _sharded_dispatch(r: Router, sm, request: Request, rest: str):
-    from ..api.deps import VERSION_HEADER, reply
     from . import shards
 
     method, body = request.method, await request.body()
@@ -892,7 +867,6 @@ async def _sharded_dispatch(r: Router, sm, request: Request, rest: str):
 async def _sharded_stream(r: Router, sm, ws: WebSocket, settings: Settings) -> None:
     """A WebSocket stream into a sharded map: each binary frame integrated as ``POST .../frames`` is
     (every shard it reaches acks it), its ack or error sent back in order."""
-    from .. import wire
     from . import shards
 
     try:

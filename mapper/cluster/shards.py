@@ -30,13 +30,21 @@ import json
 import logging
 import math
 import secrets
+import tarfile
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .. import sharding, wire
-from ..errors import InvalidArgument, MapperError
+from ..api.deps import VERSION_HEADER, attachment
+from ..api.errors import Unavailable, error_body, status_of
+from ..api.routes.viewer import MAX_OCCUPIED
+from ..api.schemas import BoxRequest
+from ..errors import Conflict, InvalidArgument, MapperError
+from ..grid import IndexGrid
+from ..mesh import Mesh, block_keys, empty_mesh
 
 log = logging.getLogger("mapper.cluster.shards")
 
@@ -161,8 +169,6 @@ def gather_mesh(meshes: dict[int, object], count: int, block_tiles: int, version
     map's mesh. Deltas give a delta (``full=False``; the owned ``removed_blocks`` of every shard) that
     :func:`mapper.mesh.apply_delta` merges into the gathered mesh it was made since, with the same result
     as gathering the full meshes. ``version``: the gathered version (default: the sum of the shards')."""
-    from ..mesh import Mesh, block_keys
-
     fulls = {bool(m.full) for m in meshes.values()}
     if len(fulls) != 1:
         raise InvalidArgument("meshes: mix of full meshes and deltas (ask every shard for the whole mesh)")
@@ -198,8 +204,6 @@ def gather_mesh(meshes: dict[int, object], count: int, block_tiles: int, version
     gone = torch.cat(removed) if removed else torch.zeros((0, 3), dtype=torch.int64)
     gone = gone[torch.argsort(block_keys(gone), stable=True)] if gone.shape[0] else gone
     if not faces:
-        from ..mesh import empty_mesh
-
         out = empty_mesh(torch.device("cpu"), with_color, version, voxel)
         out.full, out.since_version, out.removed_blocks = full, since, gone
         return out
@@ -242,8 +246,6 @@ class MeshCursors:
     log no longer reaches back."""
 
     def __init__(self, keep: int = 4096):
-        from collections import OrderedDict
-
         self.keep = keep
         self.table: OrderedDict[int, tuple[int, ...]] = OrderedDict()
 
@@ -266,8 +268,6 @@ def gather_occupied(parts: dict[int, dict], count: int, block_tiles: int, max_vo
     ``voxel_size_m``) -> one map's answer: each shard's owned voxels, in the voxel order of one map's grid
     (leaf by leaf), ``max_voxels`` of them evenly strided as ``Map.occupied_voxels`` picks them. Exact
     while no shard capped its reply (``capped`` is then also set when the union exceeds ``max_voxels``)."""
-    from ..grid import IndexGrid
-
     first = next(iter(parts.values()))
     s = float(first["voxel_size_m"])
     ijk, shard_capped = [], False
@@ -473,8 +473,6 @@ def export_manifest(sm: ShardedMap, sizes: list[int]) -> dict:
 def tar_header(name: str, size: int) -> bytes:
     """The 512-byte (GNU, any size) tar header of a regular file: a sharded export is a tar written as it
     streams (``manifest.json``, then ``shard<i>.safetensors``, each an exported snapshot)."""
-    import tarfile
-
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = int(size), 0o644, 0
     return info.tobuf(tarfile.GNU_FORMAT)
@@ -496,7 +494,6 @@ def read_export(data: bytes) -> tuple[dict, list[bytes]]:
     """A sharded export -> (its manifest, the K shard snapshot files in shard order). Raises
     ``InvalidArgument`` naming what is missing or malformed."""
     import io
-    import tarfile
 
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
@@ -564,8 +561,6 @@ async def create(router, body: dict, k: int, headers: dict):
         raise InvalidArgument(f"shard_block_m: expected a number in (0, 1e5] metres, got {block_m!r}")
     name = body.get("name")
     if name is not None and any(getattr(x, "name", None) == name for x in _all_maps(router)):
-        from ..errors import Conflict
-
         raise Conflict(f"name: a map named {name!r} exists")
     order = await router.ranked()
     probe_worker = order[0]
@@ -642,8 +637,6 @@ async def _actor(ref, timeout_s: float):
 async def _summary_of(router, sm: ShardedMap, i: int, detail: bool = False) -> dict:
     status, content, _ = await _json_reply(router, sm.workers[i], "GET", f"/v1/maps/{sm.ids[i]}")
     if status != 200:
-        from ..api.errors import Unavailable
-
         raise Unavailable(f"shard {i} of map {sm.id!r} answered {status}; retry")
     out = json.loads(content)
     if not detail:
@@ -684,8 +677,6 @@ async def delete(router, sm: ShardedMap):
 async def integrate(router, sm: ShardedMap, body: bytes, content_type: str, settings) -> tuple[int, dict]:
     """One frame into a sharded map: (status, ack or error body). The frame is parsed here (its footprint
     picks the shards) and sent as it came to each of them; 200 once every one has acked it (in its WAL)."""
-    from ..api.errors import error_body, status_of
-
     try:
         msg = await asyncio.to_thread(parse_json_or_msgpack, body, content_type)
         limits = wire.Limits(
@@ -863,8 +854,6 @@ async def box(router, sm: ShardedMap, body: bytes, content_type: str) -> dict:
     msg = await asyncio.to_thread(parse_json_or_msgpack, body, content_type)
     from pydantic import ValidationError
 
-    from ..api.schemas import BoxRequest
-
     try:
         req = BoxRequest.model_validate(msg)
     except ValidationError as e:
@@ -910,7 +899,6 @@ async def mesh(router, sm: ShardedMap, since: int | None = None):
     delta since its own version then, and the gathered delta is relative to ``since``; an unknown cursor,
     or a shard that no longer reaches back, gives the whole mesh."""
     from .. import io
-    from ..api.deps import VERSION_HEADER
 
     vec = sm.cursors.lookup(since) if since is not None else None
     if vec is not None and len(vec) != sm.count:
@@ -983,8 +971,6 @@ async def status(router, sm: ShardedMap) -> dict:
 async def occupied(router, sm: ShardedMap, max_voxels: int) -> dict:
     """``GET .../occupied`` of a sharded map: every shard's occupied voxels (up to the route's cap), the
     owned ones in one map's order (``gather_occupied``)."""
-    from ..api.routes.viewer import MAX_OCCUPIED
-
     resps = await asyncio.gather(
         *(
             router.json(
@@ -1051,8 +1037,6 @@ async def export(router, sm: ShardedMap):
     show the same frames (each worker snapshots and opens its file before it answers)."""
     from fastapi.responses import StreamingResponse
 
-    from ..api.deps import attachment
-
     resps = []
     try:
         async with sm.lock:
@@ -1099,8 +1083,6 @@ async def import_export(router, data: bytes, name: str | None):
     loaded by its worker from its snapshot file (sent through Ray's object store: no shared filesystem
     needed). All or nothing. Caller holds ``router.lock``."""
     from fastapi.responses import JSONResponse
-
-    from ..errors import Conflict
 
     man, files = await asyncio.to_thread(read_export, data)
     k = check_shards({"shards": man["shards"]}, len(router.workers))
