@@ -31,14 +31,17 @@ from pathlib import Path
 import numpy as np
 
 from . import Map, datasets, io, render, wire
+from ._validation import resolve_device
 from .api import create_app
 from .api.edge import EdgeGuard, http_protocol
 from .client import MapperClient
 from .cluster.ingress import create_cluster_app
+from .cluster.ray_cluster import require_ray
 from .datasets import default_data_dir
 from .errors import InvalidArgument, MapperError
 from .formats import nanovdb, vdb
 from .foxglove import export_map, export_server_map
+from .io import check_mesh_path
 from .persistence import DataDir, MapDir
 from .recordings import PcdSequence, RosbagSequence
 from .settings import Settings
@@ -205,12 +208,8 @@ def cmd_serve(args) -> int:
     settings = Settings(**overrides)
     try:
         settings.check_bind()
-        from ._validation import resolve_device
-
         device = resolve_device(settings.device)
         if settings.store:  # an object store: bucket, credentials and endpoint checked before serving
-            from .store_backends import open_store
-
             open_store(settings)
     except MapperError as e:
         print(f"mapper serve: {e}", file=sys.stderr)
@@ -234,8 +233,6 @@ def cmd_serve(args) -> int:
         app = create_app(settings)
     else:  # map workers as Ray actors behind the same API (mapper.cluster)
         try:
-            from .cluster.ray_cluster import require_ray
-
             if args.ray_workers is not None and args.ray_workers < 1:
                 raise InvalidArgument(f"--ray-workers: {args.ray_workers} is not a positive number")
             if args.foxglove_port is not None:
@@ -506,8 +503,6 @@ def cmd_export(args) -> int:
         return EXIT_USAGE
     try:
         if args.mesh:
-            from .io import check_mesh_path
-
             check_mesh_path(args.mesh)
     except MapperError as e:
         print(f"mapper export: --mesh: {e}", file=sys.stderr)

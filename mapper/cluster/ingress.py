@@ -41,14 +41,17 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__, wire
+from .. import __version__, io, render, viewer, wire
 from ..api import create_app, errors
 from ..api.app import BodyLimit, HttpMetrics, _offline_docs
 from ..api.auth import AuthGate, route_table
 from ..api.deps import VERSION_HEADER, ReadAuth, WriteAuth, check_metrics_token, check_token, reply
 from ..api.errors import Unavailable
+from ..api.routes.frames import _deny
+from ..api.routes.viewer import MAX_OCCUPIED
 from ..errors import Conflict, InvalidArgument, MapperError, NotFound
 from ..persistence import META_KEY
+from ..queries import Slice
 from ..settings import Settings
 from ..store import NAME_PATTERN
 from ..store_backends import is_object_store, open_store
@@ -158,8 +161,6 @@ class Router:
             try:
                 h.url, h.token = await asyncio.wait_for(_await(h.actor.address.remote()), RESOLVE_TIMEOUT_S)
             except Exception as e:
-                from ..api.errors import Unavailable
-
                 raise Unavailable(
                     f"map worker {index} is not reachable ({type(e).__name__}); retry"
                 ) from None
@@ -659,8 +660,6 @@ def create_cluster_app(
             sm = r.sharded.get(map_id)
             route = r.route(map_id) if sm is None else None
         except MapperError as e:
-            from ..api.routes.frames import _deny
-
             await _deny(ws, e)
             return
         await ws.accept()
@@ -800,9 +799,6 @@ async def _sharded_dispatch(r: Router, sm, request: Request, rest: str):
             fmt = params.get("format", "png")
             out = await shards.slice_(r, sm, params)
             if fmt == "png":
-                from .. import render
-                from ..queries import Slice
-
                 s = Slice(
                     torch.from_numpy(np.asarray(out["distance"])),
                     tuple(out["origin_xy"]),
@@ -814,15 +810,11 @@ async def _sharded_dispatch(r: Router, sm, request: Request, rest: str):
                 )
                 return Response(png, media_type="image/png")
             if fmt == "msgpack":
-                from .. import wire
-
                 return Response(wire.packb(out), media_type=wire.MSGPACK)
             return reply(request, out)
         if rest == "esdf/box" and method == "POST":
             return reply(request, await shards.box(r, sm, body, ctype))
         if rest in ("mesh", "mesh/blocks") and method == "GET":
-            from .. import io, viewer, wire
-
             fmt = request.query_params.get("format", "ply")
             if rest == "mesh" and fmt not in ("ply", "msgpack"):
                 raise InvalidArgument(f"format: expected 'ply' or 'msgpack', got {fmt!r}")
@@ -840,8 +832,6 @@ async def _sharded_dispatch(r: Router, sm, request: Request, rest: str):
         if rest == "status" and method == "GET":
             return await shards.status(r, sm)
         if rest == "occupied" and method == "GET":
-            from ..api.routes.viewer import MAX_OCCUPIED
-
             n = _query_int(request, "max_voxels", 1, MAX_OCCUPIED, 200_000)
             return reply(request, await shards.occupied(r, sm, n))
         if rest == "trajectory" and method == "GET":  # shard 0 records every frame's pose

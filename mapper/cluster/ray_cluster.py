@@ -13,6 +13,7 @@ import logging
 import secrets
 from dataclasses import dataclass
 
+from ..errors import InvalidArgument
 from .worker import MapWorker
 
 log = logging.getLogger("mapper.cluster")
@@ -26,8 +27,6 @@ def require_ray():
     try:
         import ray
     except ImportError:
-        from ..errors import InvalidArgument
-
         raise InvalidArgument("--ray needs the ray package: pip install 'mapper[ray]'") from None
     return ray
 
