@@ -158,6 +158,7 @@ def _graph_captures(m) -> None:
 def _run(config: dict, dev: torch.device, sizes) -> None:
     """The frame path at each scan size in ``sizes`` (azimuth columns x 16 beams; two sizes give the
     kernels' integer arguments other residues mod 16), then the coarse walk's buckets."""
+    # lazy: map.py imports this module (Map() runs the warm-up)
     from .map import Map
 
     m = Map(**config, device=dev, warmup=False)

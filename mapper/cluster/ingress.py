@@ -56,7 +56,10 @@ from ..settings import Settings
 from ..store import NAME_PATTERN
 from ..store_backends import is_object_store, open_store
 from ..viewer import STATIC_DIR
-from . import ray_cluster
+
+# shards imports this module back only inside its functions (Route, WorkerLost): the loop closes at
+# call time, not at import time
+from . import ray_cluster, shards
 from .ray_cluster import WorkerHandle
 from .worker import worker_dir
 
@@ -199,8 +202,6 @@ class Router:
     async def refresh(self) -> None:
         """Rebuild the routes from the workers' map lists."""
         lists = await asyncio.gather(*(self.json(i, "GET", "/v1/maps") for i in range(len(self.workers))))
-        from . import shards
-
         found: dict[str, tuple[int, str]] = {}
         summaries: dict[str, tuple[int, dict]] = {}
         for i, resp in enumerate(lists):
@@ -341,8 +342,6 @@ class Router:
     async def _move_shard(self, sm, shard: int | None, target: int) -> dict:
         """Move shard ``shard`` of a sharded map: its gate closes every request to the map (frames, reads)
         while the shard is handed over, as ``move`` does for one map."""
-        from . import shards
-
         if shard is None or isinstance(shard, bool) or not isinstance(shard, int):
             raise InvalidArgument(
                 f"shard: map {sm.id!r} is sharded: say which of its shards 0..{sm.count - 1} moves "
@@ -569,8 +568,6 @@ def create_cluster_app(
     async def create_map(request: Request):
         """As ``mapper serve``; the map is placed on the least loaded worker. With ``"shards": K`` (2 <= K
         <= workers) the map is split over K workers by root-tile blocks (README "Sharded maps")."""
-        from . import shards
-
         r = router_of(request)
         body = await request.body()
         try:
@@ -597,8 +594,6 @@ def create_cluster_app(
     async def import_map(request: Request):
         """As ``mapper serve``; the map is placed on the least loaded worker. A sharded map's export (a tar)
         becomes a sharded map again (README "Sharded maps")."""
-        from . import shards
-
         r = router_of(request)
         body = await request.body()
         name = request.query_params.get("name")
@@ -746,8 +741,6 @@ def create_cluster_app(
 
 
 async def _sharded_summaries(r: Router) -> list[dict]:
-    from . import shards
-
     out = []
     for sm in list(r.sharded.values()):
         parts = await asyncio.gather(*(shards._summary_of(r, sm, i) for i in range(sm.count)))
@@ -758,8 +751,6 @@ async def _sharded_summaries(r: Router) -> list[dict]:
 async def _sharded_request(r: Router, sm, request: Request, rest: str):
     """A ``/v1/maps/{id}/...`` request to a sharded map (``mapper.cluster.shards``), through the map's gate
     (closed while one of its shards moves)."""
-    from . import shards
-
     if rest == "" and request.method == "DELETE":
         async with r.lock:
             return await shards.delete(r, sm)
@@ -782,8 +773,6 @@ def _query_int(request: Request, name: str, lo: int, hi: int, default: int | Non
 
 
 async def _sharded_dispatch(r: Router, sm, request: Request, rest: str):
-    from . import shards
-
     method, body = request.method, await request.body()
     ctype = request.headers.get("content-type", "")
     try:
@@ -857,8 +846,6 @@ async def _sharded_dispatch(r: Router, sm, request: Request, rest: str):
 async def _sharded_stream(r: Router, sm, ws: WebSocket, settings: Settings) -> None:
     """A WebSocket stream into a sharded map: each binary frame integrated as ``POST .../frames`` is
     (every shard it reaches acks it), its ack or error sent back in order."""
-    from . import shards
-
     try:
         while True:
             msg = await ws.receive()

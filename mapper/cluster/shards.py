@@ -363,6 +363,7 @@ class ShardedMap:
 
 
 def _gate():
+    # lazy: ingress imports this module at import time (the loop of issue #28)
     from .ingress import Route
 
     return Route(-1, "")
@@ -726,6 +727,7 @@ async def _send_frame(router, sm: ShardedMap, i: int, body: bytes, ctype: str) -
     logged) is sent again; when the worker dies with the frame (``WorkerLost``), the shard's last seq after
     Ray restarted it says whether the frame reached its WAL (then the recovered map holds it: acked) or
     not (sent again). So every shard a frame goes to holds it once, and an unacked frame is in none."""
+    # lazy: ingress imports this module at import time (the loop of issue #28)
     from .ingress import WorkerLost
 
     loop = asyncio.get_running_loop()
@@ -761,6 +763,7 @@ async def _send_frame(router, sm: ShardedMap, i: int, body: bytes, ctype: str) -
 
 async def _summary_after_restart(router, sm: ShardedMap, i: int) -> dict:
     """Shard ``i``'s summary once its worker answers again (Ray restarts a dead actor; its maps recover)."""
+    # lazy: ingress imports this module at import time (the loop of issue #28)
     from .ingress import WorkerLost
 
     deadline = asyncio.get_running_loop().time() + RECOVER_S
