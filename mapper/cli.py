@@ -32,10 +32,6 @@ import numpy as np
 
 from . import Map, datasets, io, render, wire
 from ._validation import resolve_device
-from .api import create_app
-from .api.edge import EdgeGuard, http_protocol
-from .client import MapperClient
-from .cluster.ingress import create_cluster_app
 from .cluster.ray_cluster import require_ray
 from .datasets import default_data_dir
 from .errors import InvalidArgument, MapperError
@@ -44,7 +40,6 @@ from .foxglove import export_map, export_server_map
 from .io import check_mesh_path
 from .persistence import DataDir, MapDir
 from .recordings import PcdSequence, RosbagSequence
-from .settings import Settings
 from .store import check_name, find_map_dir, recover_map, save_new_map
 from .store_backends import open_store
 
@@ -190,7 +185,12 @@ def _first_env_token() -> str | None:
 
 # --------------------------------------------------------------------------------------------- serve
 def cmd_serve(args) -> int:
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     import uvicorn
+
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
+    from .api import create_app
+    from .settings import Settings
 
     overrides = {
         k: v
@@ -243,7 +243,13 @@ def cmd_serve(args) -> int:
         except MapperError as e:
             print(f"mapper serve: {e}", file=sys.stderr)
             return 2
+        # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
+        from .cluster.ingress import create_cluster_app
+
         app = create_cluster_app(settings, workers=args.ray_workers, address=args.ray or None)
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
+    from .api.edge import EdgeGuard, http_protocol
+
     # read timeouts and connection caps (uvicorn has neither): the HTTP protocol of mapper.api.edge
     edge = http_protocol(EdgeGuard(settings, getattr(app.state, "metrics", None)))
     uvicorn.run(
@@ -266,7 +272,11 @@ def connect(url: str, token: str | None, wait_s: float = 5.0):
     """A :class:`~mapper.client.MapperClient` for ``url`` once its ``/readyz`` answers 200. Retries for
     ``wait_s`` seconds (a server that is starting or restoring maps), then raises :class:`ServerUnreachable`
     with the reason in one line."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     import httpx
+
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
+    from .client import MapperClient
 
     c = MapperClient(url, token=token)
     deadline = time.monotonic() + max(wait_s, 0.0)
@@ -290,6 +300,7 @@ def connect(url: str, token: str | None, wait_s: float = 5.0):
 
 
 def _transport_reason(e: BaseException) -> str:
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     import httpx
 
     if isinstance(e, httpx.ConnectError):
@@ -552,6 +563,9 @@ def _export_server(args) -> None:
 
 def _export_local(args) -> None:
     if args.store:  # snapshots + WAL in an object store; the snapshot is downloaded to a temporary cache
+        # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
+        from .settings import Settings
+
         with tempfile.TemporaryDirectory(prefix="mapper-export-") as cache:
             return _export_from(args, open_store(Settings(store=args.store, data_dir=Path(cache))))
     return _export_from(args, DataDir(Path(args.data_dir), fsync=False))
@@ -590,6 +604,9 @@ def _export_from(args, data) -> None:
 # ---------------------------------------------------------------------------------------------- demo
 def cmd_demo(args) -> int:
     """Serve on loopback, replay ../shared/data through the client, show /metrics; keep serving."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
+    from .client import MapperClient
+
     port = args.port
     with socket.socket() as s:
         if s.connect_ex((args.host, port)) == 0:
@@ -858,6 +875,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
     """Run a command; failures end in one line on stderr and a non-zero exit (see ``EXIT_*``)."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     import httpx
     from websockets.exceptions import WebSocketException
 

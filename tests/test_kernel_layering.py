@@ -265,3 +265,18 @@ def test_the_map_imports_no_triton():
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_the_torch_only_modules_import_without_the_service_stack():
+    """The GPU machines run the library's tests on torch alone (no fastapi, pydantic, uvicorn, httpx,
+    websockets): the map, the CLI and the sharding logic import without them; those imports stay inside the
+    functions that serve (a fresh interpreter with the packages made unimportable)."""
+    code = (
+        "import sys\n"
+        "for m in ('fastapi', 'pydantic', 'pydantic_settings', 'uvicorn', 'httpx', 'websockets', 'triton'):\n"
+        "    sys.modules[m] = None\n"
+        "import mapper, mapper.map, mapper.cli, mapper.cluster.shards, mapper.cluster.worker\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]

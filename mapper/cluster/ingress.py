@@ -40,6 +40,8 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from .. import __version__, io, render, viewer, wire
 from ..api import create_app, errors
@@ -936,8 +938,6 @@ class StreamRelay:
 
     async def _connect(self) -> None:
         """(Re)connect the upstream to the map's owner, after the old one's acks are all relayed."""
-        from websockets.asyncio.client import connect
-
         await self._close_upstream()
         index = self.route.worker
         stale = False
@@ -969,8 +969,6 @@ class StreamRelay:
         self.pump = asyncio.get_running_loop().create_task(self._relay_acks(self.up))
 
     async def _relay_acks(self, up) -> None:
-        from websockets.exceptions import ConnectionClosed
-
         try:
             async for m in up:
                 if not self.client_gone:

@@ -26,6 +26,7 @@ The functions at the top are pure (numpy / torch, no I/O) and tested without Ray
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import math
@@ -37,11 +38,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .. import io as mapper_io
 from .. import sharding, wire
-from ..api.deps import VERSION_HEADER, attachment
-from ..api.errors import Unavailable, error_body, status_of
-from ..api.routes.viewer import MAX_OCCUPIED
-from ..api.schemas import BoxRequest
 from ..errors import Conflict, InvalidArgument, MapperError
 from ..grid import IndexGrid
 from ..mesh import Mesh, block_keys, empty_mesh
@@ -494,8 +492,6 @@ def is_sharded_export(data: bytes) -> bool:
 def read_export(data: bytes) -> tuple[dict, list[bytes]]:
     """A sharded export -> (its manifest, the K shard snapshot files in shard order). Raises
     ``InvalidArgument`` naming what is missing or malformed."""
-    import io
-
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
             members = {m.name: m for m in tar.getmembers() if m.isfile()}
@@ -543,6 +539,7 @@ async def _json_reply(router, index: int, method: str, path: str, **kw):
 
 
 def _error_response(status: int, content: bytes, headers):
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from fastapi.responses import Response
 
     keep = {k: v for k, v in headers.items() if k.lower() in ("content-type",)}
@@ -552,6 +549,7 @@ def _error_response(status: int, content: bytes, headers):
 async def create(router, body: dict, k: int, headers: dict):
     """Create a sharded map: the config is validated and completed by a worker (an ordinary create of the
     same body, deleted again), then one shard map per worker, on the K least loaded workers."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from fastapi.responses import JSONResponse
 
     plain = {key: v for key, v in body.items() if key not in ("shards", "shard_block_m", "name")}
@@ -638,6 +636,9 @@ async def _actor(ref, timeout_s: float):
 async def _summary_of(router, sm: ShardedMap, i: int, detail: bool = False) -> dict:
     status, content, _ = await _json_reply(router, sm.workers[i], "GET", f"/v1/maps/{sm.ids[i]}")
     if status != 200:
+        # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
+        from ..api.errors import Unavailable
+
         raise Unavailable(f"shard {i} of map {sm.id!r} answered {status}; retry")
     out = json.loads(content)
     if not detail:
@@ -647,6 +648,7 @@ async def _summary_of(router, sm: ShardedMap, i: int, detail: bool = False) -> d
 
 
 async def get_map(router, sm: ShardedMap):
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from fastapi.responses import JSONResponse
 
     parts = await asyncio.gather(*(_summary_of(router, sm, i, True) for i in range(sm.count)))
@@ -665,6 +667,7 @@ async def get_map(router, sm: ShardedMap):
 
 
 async def delete(router, sm: ShardedMap):
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from fastapi.responses import Response
 
     for i in range(sm.count):
@@ -678,6 +681,9 @@ async def delete(router, sm: ShardedMap):
 async def integrate(router, sm: ShardedMap, body: bytes, content_type: str, settings) -> tuple[int, dict]:
     """One frame into a sharded map: (status, ack or error body). The frame is parsed here (its footprint
     picks the shards) and sent as it came to each of them; 200 once every one has acked it (in its WAL)."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
+    from ..api.errors import error_body, status_of
+
     try:
         msg = await asyncio.to_thread(parse_json_or_msgpack, body, content_type)
         limits = wire.Limits(
@@ -855,7 +861,11 @@ async def slice_(router, sm: ShardedMap, params: dict) -> dict:
 
 async def box(router, sm: ShardedMap, body: bytes, content_type: str) -> dict:
     msg = await asyncio.to_thread(parse_json_or_msgpack, body, content_type)
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from pydantic import ValidationError
+
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
+    from ..api.schemas import BoxRequest
 
     try:
         req = BoxRequest.model_validate(msg)
@@ -901,7 +911,8 @@ async def mesh(router, sm: ShardedMap, since: int | None = None):
     sum of the shards' map versions. With ``since`` (a cursor handed out before) each shard is asked for its
     delta since its own version then, and the gathered delta is relative to ``since``; an unknown cursor,
     or a shard that no longer reaches back, gives the whole mesh."""
-    from .. import io
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
+    from ..api.deps import VERSION_HEADER
 
     vec = sm.cursors.lookup(since) if since is not None else None
     if vec is not None and len(vec) != sm.count:
@@ -918,13 +929,13 @@ async def mesh(router, sm: ShardedMap, since: int | None = None):
     for resp in resps:
         if resp.status_code != 200:
             raise _Upstream(resp)
-    meshes = {i: io.mesh_from_msgpack(r.content) for i, r in enumerate(resps)}
+    meshes = {i: mapper_io.mesh_from_msgpack(r.content) for i, r in enumerate(resps)}
     if len({m.full for m in meshes.values()}) > 1:  # one shard's change log did not reach back: all whole
         again = [i for i, m in meshes.items() if not m.full]
         for i, r in zip(again, await asyncio.gather(*(fetch(i, None) for i in again)), strict=True):
             if r.status_code != 200:
                 raise _Upstream(r)
-            meshes[i] = io.mesh_from_msgpack(r.content)
+            meshes[i] = mapper_io.mesh_from_msgpack(r.content)
             resps[i] = r
     map_version = sum(int(r.headers.get(VERSION_HEADER, 0)) for r in resps)
     spec = sm.spec
@@ -974,6 +985,9 @@ async def status(router, sm: ShardedMap) -> dict:
 async def occupied(router, sm: ShardedMap, max_voxels: int) -> dict:
     """``GET .../occupied`` of a sharded map: every shard's occupied voxels (up to the route's cap), the
     owned ones in one map's order (``gather_occupied``)."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
+    from ..api.routes.viewer import MAX_OCCUPIED
+
     resps = await asyncio.gather(
         *(
             router.json(
@@ -1014,6 +1028,7 @@ async def esdf_bounds(router, sm: ShardedMap) -> tuple[list[float], list[float]]
 async def fan_out(router, sm: ShardedMap, method: str, path: str, body: bytes, headers: dict):
     """An edit every shard applies the same way (clear, decay, snapshot): sent to all; the first reply
     with the others' under ``shards``."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from fastapi.responses import JSONResponse
 
     async with sm.lock:
@@ -1038,7 +1053,11 @@ async def export(router, sm: ShardedMap):
     """``GET .../export`` of a sharded map: a tar streamed as it is read (``manifest.json``, then every
     shard's exported snapshot). Each shard's export is opened under the map's frame lock, so all of them
     show the same frames (each worker snapshots and opens its file before it answers)."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from fastapi.responses import StreamingResponse
+
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
+    from ..api.deps import attachment
 
     resps = []
     try:
@@ -1085,6 +1104,7 @@ async def import_export(router, data: bytes, name: str | None):
     ``name`` is given or the stored one is taken) with K shards on the K least loaded workers, each shard
     loaded by its worker from its snapshot file (sent through Ray's object store: no shared filesystem
     needed). All or nothing. Caller holds ``router.lock``."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from fastapi.responses import JSONResponse
 
     man, files = await asyncio.to_thread(read_export, data)

@@ -21,11 +21,9 @@ import torch
 
 from .. import budget
 from .._validation import resolve_device
-from ..api import create_app
 from ..errors import InvalidArgument, NotFound
 from ..map import Map
 from ..persistence import load_snapshot_bytes
-from ..settings import Settings
 
 log = logging.getLogger("mapper.cluster.worker")
 
@@ -60,7 +58,12 @@ class MapWorker:
         memory_share: float = 1.0,
         host: str | None = None,
     ):
+        # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
         import uvicorn
+
+        # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
+        from ..api import create_app
+        from ..settings import Settings
 
         self.index = index
         self.root = Path(root)
