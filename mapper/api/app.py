@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import quote
 
+import fastapi_offline
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
@@ -113,8 +114,6 @@ def _token_query(request: Request) -> str:
 def _offline_docs(app: FastAPI) -> None:
     """``/docs`` (Swagger UI) and ``/redoc`` with their scripts and styles served by the app itself from
     the assets packaged in ``fastapi-offline``, so the pages work without internet access."""
-    import fastapi_offline
-
     static = Path(fastapi_offline.__file__).parent / "static"
     app.mount(DOCS_STATIC, StaticFiles(directory=static), name="docs-static")
 

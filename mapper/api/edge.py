@@ -127,6 +127,7 @@ def http_protocol(guard: EdgeGuard):
     """uvicorn's httptools protocol with the edge of ``guard`` (pass as ``uvicorn.run(http=...)``), or
     None when httptools is not installed (uvicorn then runs its h11 protocol without the edge)."""
     try:
+        # lazy: httptools (uvicorn[standard]) may be absent; the except below falls back
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         log.warning("httptools is not installed: serving without read timeouts and connection caps")

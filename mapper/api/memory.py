@@ -234,6 +234,7 @@ class MemoryCollector:
         return []
 
     def collect(self):
+        # lazy: this module also loads on its own, without the metrics stack
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         yield GaugeMetricFamily("mapper_process_resident_bytes", "Resident set size", value=rss_bytes())

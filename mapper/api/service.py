@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
 from .. import budget, store, warmup, wire
 from .._validation import check_translation, resolve_device
@@ -836,8 +837,6 @@ def check_snapshot_meta(meta: dict) -> str | None:
     version, frames_integrated, wal_seq, trajectory_start, tracking, info.memory_budget_bytes), the stored
     name (if any) through ``check_name``. Returns the stored name. Raises ``InvalidArgument`` naming the
     field."""
-    from pydantic import ValidationError
-
     config = meta.get("config")
     try:
         MapCreate.model_validate({**config, "name": None} if isinstance(config, dict) else config)
