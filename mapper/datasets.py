@@ -101,6 +101,7 @@ class NorlabLidar:
 
 def read_png(path: str | Path) -> np.ndarray:
     """A PNG as a numpy array (uint16 for 16-bit depth, uint8 [H, W, 3] for colour)."""
+    # lazy: Pillow loads only when an image file is read
     from PIL import Image
 
     with Image.open(path) as im:
@@ -111,6 +112,7 @@ def read_png(path: str | Path) -> np.ndarray:
 
 
 def read_image_rgb(path: str | Path) -> np.ndarray:
+    # lazy: Pillow loads only when an image file is read
     from PIL import Image
 
     with Image.open(path) as im:
