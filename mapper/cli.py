@@ -19,6 +19,7 @@ import argparse
 import logging
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -29,8 +30,18 @@ from pathlib import Path
 
 import numpy as np
 
+from . import Map, datasets, io, render, wire
+from ._validation import resolve_device
+from .cluster.ray_cluster import require_ray
 from .datasets import default_data_dir
 from .errors import InvalidArgument, MapperError
+from .formats import nanovdb, vdb
+from .foxglove import export_map, export_server_map
+from .io import check_mesh_path
+from .persistence import DataDir, MapDir
+from .recordings import PcdSequence, RosbagSequence
+from .store import check_name, find_map_dir, recover_map, save_new_map
+from .store_backends import open_store
 
 FORMATS = ("kitti", "replica", "3dmatch", "7scenes", "norlab", "rosbag", "pcd")
 
@@ -81,8 +92,6 @@ def _latency_text(lat: list[float]) -> str:
 def open_dataset(fmt: str, path: Path, args=None):
     """(dataset, kind) for a format name; the readers of :mod:`mapper.datasets` and
     :mod:`mapper.recordings` (``rosbag`` takes its topics and pose source from ``args``)."""
-    from . import datasets
-
     if not path.exists():
         raise MapperError(f"path: {path} does not exist")
     if fmt == "kitti":
@@ -97,12 +106,8 @@ def open_dataset(fmt: str, path: Path, args=None):
     if fmt in ("3dmatch", "7scenes"):
         return datasets.SevenScenesSequence(path), "depth"
     if fmt == "pcd":
-        from .recordings import PcdSequence
-
         return PcdSequence(path), "lidar"
     if fmt == "rosbag":
-        from .recordings import RosbagSequence
-
         a = args or argparse.Namespace()
         points, depth = getattr(a, "points_topic", None), getattr(a, "depth_topic", None)
         if (points is None) == (depth is None):
@@ -180,8 +185,10 @@ def _first_env_token() -> str | None:
 
 # --------------------------------------------------------------------------------------------- serve
 def cmd_serve(args) -> int:
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     import uvicorn
 
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from .api import create_app
     from .settings import Settings
 
@@ -202,12 +209,8 @@ def cmd_serve(args) -> int:
     settings = Settings(**overrides)
     try:
         settings.check_bind()
-        from ._validation import resolve_device
-
         device = resolve_device(settings.device)
         if settings.store:  # an object store: bucket, credentials and endpoint checked before serving
-            from .store_backends import open_store
-
             open_store(settings)
     except MapperError as e:
         print(f"mapper serve: {e}", file=sys.stderr)
@@ -229,8 +232,6 @@ def cmd_serve(args) -> int:
         app = create_app(settings)
     else:  # map workers as Ray actors behind the same API (mapper.cluster)
         try:
-            from .cluster.ray_cluster import require_ray
-
             if args.ray_workers is not None and args.ray_workers < 1:
                 raise InvalidArgument(f"--ray-workers: {args.ray_workers} is not a positive number")
             if args.foxglove_port is not None:
@@ -241,9 +242,11 @@ def cmd_serve(args) -> int:
         except MapperError as e:
             print(f"mapper serve: {e}", file=sys.stderr)
             return 2
+        # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
         from .cluster.ingress import create_cluster_app
 
         app = create_cluster_app(settings, workers=args.ray_workers, address=args.ray or None)
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from .api.edge import EdgeGuard, http_protocol
 
     # read timeouts and connection caps (uvicorn has neither): the HTTP protocol of mapper.api.edge
@@ -268,8 +271,10 @@ def connect(url: str, token: str | None, wait_s: float = 5.0):
     """A :class:`~mapper.client.MapperClient` for ``url`` once its ``/readyz`` answers 200. Retries for
     ``wait_s`` seconds (a server that is starting or restoring maps), then raises :class:`ServerUnreachable`
     with the reason in one line."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     import httpx
 
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from .client import MapperClient
 
     c = MapperClient(url, token=token)
@@ -294,6 +299,7 @@ def connect(url: str, token: str | None, wait_s: float = 5.0):
 
 
 def _transport_reason(e: BaseException) -> str:
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     import httpx
 
     if isinstance(e, httpx.ConnectError):
@@ -389,8 +395,6 @@ def _replay_frames(c, args, ds, kind: str, idx: list[int], m: dict, created: boo
 
 
 def _message(f: dict, kind: str, i: int, with_color: bool) -> dict:
-    from . import wire
-
     if kind == "lidar":
         return wire.lidar_message(
             f["points"], f["T_world_sensor"], f.get("timestamp", float(i)), f"frame-{i}"
@@ -408,10 +412,6 @@ def _send_ws(s, f, kind, i, with_color) -> list[dict]:
 
 
 def replay_offline(args, ds, kind: str, idx: list[int]) -> dict:
-    from . import Map
-    from .persistence import DataDir
-    from .store import check_name, find_map_dir, save_new_map
-
     data = DataDir(Path(args.out))
     name = args.name or default_map_name(args.path)
     check_name(name, "--name")  # before the replay, not after it
@@ -513,8 +513,6 @@ def cmd_export(args) -> int:
         return EXIT_USAGE
     try:
         if args.mesh:
-            from .io import check_mesh_path
-
             check_mesh_path(args.mesh)
     except MapperError as e:
         print(f"mapper export: --mesh: {e}", file=sys.stderr)
@@ -534,8 +532,6 @@ def cmd_export(args) -> int:
 
 def _write_mesh(path: Path, mesh=None, ply: bytes | None = None) -> None:
     """``path`` by its extension (.ply, .obj, .glb) from a Mesh or PLY bytes."""
-    from . import io
-
     if path.suffix.lower() == ".ply" and ply is not None:
         path.write_bytes(ply)
     else:
@@ -557,8 +553,6 @@ def _export_server(args) -> None:
             c.export(map_id, args.snapshot)
             print(f"snapshot -> {args.snapshot}")
         if args.mcap:
-            from .foxglove import export_server_map
-
             export_server_map(c, map_id, m["name"] if m else args.map, args.mcap, args.mcap_z)
             print(f"Foxglove messages -> {args.mcap}")
         if args.format:
@@ -567,13 +561,9 @@ def _export_server(args) -> None:
 
 
 def _export_local(args) -> None:
-    from .persistence import DataDir
-
     if args.store:  # snapshots + WAL in an object store; the snapshot is downloaded to a temporary cache
-        import tempfile
-
+        # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
         from .settings import Settings
-        from .store_backends import open_store
 
         with tempfile.TemporaryDirectory(prefix="mapper-export-") as cache:
             return _export_from(args, open_store(Settings(store=args.store, data_dir=Path(cache))))
@@ -581,17 +571,11 @@ def _export_local(args) -> None:
 
 
 def _export_from(args, data) -> None:
-    import shutil
-
-    from .store import find_map_dir, recover_map
-
     mdir = find_map_dir(data, args.map)
     m, info, snap, last, replayed = recover_map(mdir, None if args.device == "auto" else args.device)
     if args.mesh:
         _write_mesh(Path(args.mesh), mesh=m.mesh())
     if args.slice:
-        from . import render
-
         s = m.esdf_slice(args.z, resolution_m=args.resolution)
         Path(args.slice).write_bytes(render.slice_to_png(s, max_distance_m=m.esdf_max_distance_m))
         print(f"ESDF slice z={args.z} -> {args.slice}")
@@ -599,8 +583,6 @@ def _export_from(args, data) -> None:
         if snap is not None and replayed == 0:
             shutil.copyfile(snap.path, args.snapshot)
         else:
-            from .persistence import MapDir
-
             tmp = MapDir(Path(args.snapshot).parent / f".export-{info['id']}", fsync=False)
             tmp.root.mkdir(parents=True, exist_ok=True)
             tensors, meta = m.state_dict()
@@ -609,13 +591,9 @@ def _export_from(args, data) -> None:
             shutil.rmtree(tmp.root, ignore_errors=True)
         print(f"snapshot -> {args.snapshot}")
     if args.mcap:
-        from .foxglove import export_map
-
         export_map(m, info["name"], args.mcap, args.mcap_z)
         print(f"Foxglove messages -> {args.mcap}")
     if args.format:
-        from .formats import nanovdb, vdb
-
         grid = vdb.map_layer_grid(m, args.layer)
         data = vdb.vdb_bytes([grid]) if args.format == "vdb" else nanovdb.nvdb_bytes([grid])
         Path(args.out).write_bytes(data)
@@ -625,6 +603,7 @@ def _export_from(args, data) -> None:
 # ---------------------------------------------------------------------------------------------- demo
 def cmd_demo(args) -> int:
     """Serve on loopback, replay ../shared/data through the client, show /metrics; keep serving."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from .client import MapperClient
 
     port = args.port
@@ -895,6 +874,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
     """Run a command; failures end in one line on stderr and a non-zero exit (see ``EXIT_*``)."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     import httpx
     from websockets.exceptions import WebSocketException
 

@@ -321,6 +321,7 @@ class FrameStream:
     unacknowledged (and the server stops reading when the map's queue is full)."""
 
     def __init__(self, url: str, token: str | None, window: int = 8, raise_errors: bool = True):
+        # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
         from websockets.sync.client import connect
 
         headers = {"Authorization": f"Bearer {token}"} if token else None
@@ -360,6 +361,7 @@ class FrameStream:
         When the server closed the stream (a restart closes it with 1012 after acknowledging every frame
         it took), the acks still buffered are read into ``acks`` before ``ConnectionClosed`` is raised:
         the frames without an ack were not taken."""
+        # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
         from websockets.exceptions import ConnectionClosed
 
         while self.in_flight >= self.window:

@@ -6,6 +6,7 @@ Each reader returns numpy arrays in SI units; nothing here touches torch or the 
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -100,6 +101,7 @@ class NorlabLidar:
 
 def read_png(path: str | Path) -> np.ndarray:
     """A PNG as a numpy array (uint16 for 16-bit depth, uint8 [H, W, 3] for colour)."""
+    # lazy: Pillow loads only when an image file is read
     from PIL import Image
 
     with Image.open(path) as im:
@@ -110,6 +112,7 @@ def read_png(path: str | Path) -> np.ndarray:
 
 
 def read_image_rgb(path: str | Path) -> np.ndarray:
+    # lazy: Pillow loads only when an image file is read
     from PIL import Image
 
     with Image.open(path) as im:
@@ -128,8 +131,6 @@ class ReplicaSequence:
     PNG's quantisation). The default -0.5 applies that correction to K."""
 
     def __init__(self, root: str | Path, cam_params: dict | None = None, pixel_center_shift: float = -0.5):
-        import json
-
         root = Path(root)
         img_dir = root / "results" if (root / "results").is_dir() else root
         self.depths = sorted(img_dir.glob("depth*.png"))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import errors
+from . import errors, io, wire
 from .errors import MapperError
 from .formats import costmap
 from .mesh import Mesh
@@ -216,8 +216,6 @@ def export_map(m, map_name: str, path, z_m: float | None = None) -> Path:
 
 def export_server_map(client, map_id: str, map_name: str, path, z_m: float | None = None) -> Path:
     """:func:`write_mcap` of a map on a running service (through ``mapper.client.MapperClient``)."""
-    from . import io, wire
-
     layers = client.get_map(map_id)["config"]["layers"]
     r = client._request("GET", f"/v1/maps/{map_id}/trajectory")
     poses = np.asarray(r.json()["T_world_sensor"], dtype=np.float64).reshape(-1, 4, 4)

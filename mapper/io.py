@@ -109,6 +109,7 @@ def write_mesh(path: str | os.PathLike, mesh: Mesh) -> str:
     if fmt == "ply":
         write_ply(path, mesh)
         return fmt
+    # lazy: trimesh (large) loads only for a mesh export
     import trimesh
 
     tm = trimesh.Trimesh(
@@ -404,12 +405,14 @@ def mesh_from_msgpack_dict(d: dict, device: str | torch.device = "cpu") -> Mesh:
 
 def mesh_to_msgpack(mesh: Mesh) -> bytes:
     """:func:`mesh_to_msgpack_dict` packed with msgpack (an optional dependency, imported here)."""
+    # lazy: `import mapper` stays free of the wire libraries
     import msgpack
 
     return msgpack.packb(mesh_to_msgpack_dict(mesh), use_bin_type=True)
 
 
 def mesh_from_msgpack(data: bytes, device: str | torch.device = "cpu") -> Mesh:
+    # lazy: `import mapper` stays free of the wire libraries
     import msgpack
 
     return mesh_from_msgpack_dict(msgpack.unpackb(data, raw=False), device)

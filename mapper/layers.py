@@ -234,6 +234,7 @@ class PagedPool:
         """Values of ``name`` at (slot, offset) pairs (``[M, *C]``), or whole bricks (``[M, 64, *C]``)."""
         spec = self.fields[name]
         if self._triton():
+            # lazy: Triton is optional (a CPU install imports this module without it)
             from .kernels.triton_paged import paged_gather
 
             return paged_gather(
@@ -258,6 +259,7 @@ class PagedPool:
         """Write ``values`` at (slot, offset) pairs, or whole bricks when ``offsets`` is None."""
         self.prepare_write(name, slots)
         if self._triton():
+            # lazy: Triton is optional (a CPU install imports this module without it)
             from .kernels.triton_paged import paged_scatter
 
             spec = self.fields[name]
@@ -278,6 +280,7 @@ class PagedPool:
     def fill_slots(self, name: str, slots: torch.Tensor, value) -> None:
         self.prepare_write(name, slots)
         if self._triton():
+            # lazy: Triton is optional (a CPU install imports this module without it)
             from .kernels.triton_paged import paged_fill
 
             spec = self.fields[name]

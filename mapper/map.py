@@ -36,6 +36,7 @@ from .map_reads import MapReads
 from .timing import StageTimer
 from .tracking import LidarTracker
 from .trajectory import Trajectory
+from .warmup import warm_up  # warmup imports Map back only inside warm_up()
 
 _HOST = torch.device("cpu")  # tracking poses live on the host (see mapper.registration)
 MAX_TRAJECTORY = 100_000  # sensor poses kept per map (the oldest half is dropped beyond)
@@ -111,8 +112,6 @@ class Map(MapReads):
         self._trajectory = Trajectory()  # the pose of every integrated frame and the map version after it
         self.read_only = False  # a read_view(): queries only
         if warmup and self.device.type == "cuda":
-            from .warmup import warm_up
-
             warm_up(self.config(), self.device)
 
     def _bind(self) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from ._validation import positive
 from .errors import InvalidArgument, InvalidArgumentType
+from .integrators.esdf import EsdfIntegrator
 from .integrators.free import FreeSpaceIntegrator
 from .integrators.occupancy import OccupancyConfig, OccupancyIntegrator
 from .integrators.tsdf import TsdfConfig, TsdfIntegrator
@@ -109,8 +110,6 @@ class MapConfig:
         tsdf, occ = source_layers(self.layers, device, self.voxel_size_m)
         if "esdf" not in self.layers:
             return tsdf, occ, None, None
-        from .integrators.esdf import EsdfIntegrator
-
         es = self.esdf_voxel_size_m
         esdf = EsdfIntegrator(es, self.esdf_max_distance_m, device, source_voxel_size_m=self.voxel_size_m)
         free = ObservedRecord(device, es) if occ is None or not esdf.same_lattice else None

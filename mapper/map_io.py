@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .errors import InvalidArgument, InvalidArgumentType
+from .persistence import FORMAT_VERSION
 
 if TYPE_CHECKING:
     from .map import Map
@@ -55,8 +56,6 @@ def check_state_meta(meta: dict) -> dict:
     ``frames_integrated``, ``wal_seq``, ``trajectory_start``, ``format``, the tracking state's counters and
     ``info.memory_budget_bytes``. The config is checked by ``Map(**config)`` (and by the service like a
     create request). Raises ``InvalidArgument`` naming the field; returns ``meta``."""
-    from .persistence import FORMAT_VERSION
-
     if not isinstance(meta, dict):
         raise InvalidArgument("snapshot: metadata is not an object")
     for key in ("version", "frames_integrated", "wal_seq", "trajectory_start"):

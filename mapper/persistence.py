@@ -282,6 +282,7 @@ def verify_snapshot_file(path: Path, marker: dict) -> None:
 def write_snapshot_data(path: Path, tensors: dict[str, torch.Tensor], meta: dict, fsync: bool) -> tuple:
     """Write a snapshot file (temp name, fsync, read back: header and CRC32, rename); returns its
     ``(size, crc32)``. The read-back is the verification the log's pruning waits for."""
+    # lazy: safetensors loads only when a snapshot is written or read
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import save_file
 
@@ -308,6 +309,7 @@ def write_snapshot_data(path: Path, tensors: dict[str, torch.Tensor], meta: dict
 
 def load_snapshot_file(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     """(tensors, metadata) of a snapshot / export file. Raises ``InvalidArgument`` if it is not one."""
+    # lazy: safetensors loads only when a snapshot is written or read
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
@@ -321,6 +323,7 @@ def load_snapshot_file(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
 
 
 def load_snapshot_bytes(data: bytes) -> tuple[dict[str, torch.Tensor], dict]:
+    # lazy: safetensors loads only when a snapshot is written or read
     from safetensors import SafetensorError
     from safetensors.torch import load
 

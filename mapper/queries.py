@@ -209,6 +209,7 @@ def distance_at(
     (weight > 0) or ``occupancy`` (log-odds not NaN) saw it (layers at the ESDF's voxel, or None).
     One fused Triton launch on CUDA (``mapper.kernels.triton_query``), :func:`distance_at_torch` elsewhere."""
     if use_triton(p.device):
+        # lazy: Triton is optional (a CPU install imports this module without it)
         from .kernels.triton_query import distance_launch
 
         ev = esdf.kernel_view(("esdf", "observed"))

@@ -227,6 +227,7 @@ class RosbagSequence:
         sensor_frame: str | None = None,
         max_pose_gap_s: float = 0.1,
     ):
+        # lazy: rosbags (large) loads only when a bag is opened
         from rosbags.highlevel import AnyReader
         from rosbags.typesys import Stores, get_typestore
 
@@ -409,6 +410,7 @@ class PcdSequence:
         return len(self.files)
 
     def __getitem__(self, i: int) -> dict:
+        # lazy: pypcd4 loads only when a PCD file is read
         from pypcd4 import PointCloud
 
         try:

@@ -53,6 +53,7 @@ def colorize_distance(distance, max_distance_m: float) -> np.ndarray:
 
 
 def png_bytes(rgb: np.ndarray) -> bytes:
+    # lazy: Pillow loads only when a PNG is encoded (`import mapper` imports this module)
     from PIL import Image
 
     buf = io.BytesIO()
@@ -102,6 +103,7 @@ def render_slice(
     until its long side reaches ``min_size_px``; with ``legend`` it gets axes with ticks in metres (world
     x, y), a scale bar, and on the right a colour bar of the distance in metres (0 to ``max_distance_m``)
     with swatches for unknown (grey) and inside obstacles (red)."""
+    # lazy: Pillow loads only when a PNG is encoded (`import mapper` imports this module)
     from PIL import Image, ImageDraw, ImageFont
 
     d = slice_.distance

@@ -19,6 +19,7 @@ from typing import Protocol
 import torch
 
 from .errors import InvalidArgument
+from .objstore import ObjectDataDir
 from .persistence import DataDir, Snapshot
 
 
@@ -106,8 +107,6 @@ def open_store(settings, owner: str | None = None) -> MapStore:
             f"store: {str(store)[:200]!r} is not an s3://bucket/prefix URL (unset: the data directory "
             "MAPPER_DATA_DIR)"
         )
-    from .objstore import ObjectDataDir
-
     return ObjectDataDir(
         store,
         Path(settings.data_dir) / "store-cache",

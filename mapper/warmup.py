@@ -30,8 +30,11 @@ import time
 
 import torch
 
-from . import gc_policy
+from . import gc_policy, graphs
 from .kernels.dispatch import compiled
+from .kernels.envelope import lower_envelope
+from .kernels.segments import brick_segments
+from .mesh import warm_graphs
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +116,6 @@ def _coarse_buckets(m, dev: torch.device) -> None:
     """One coarse walk per loop-bound bucket: diagonal rays (the most bricks per metre) of lengths doubling
     from one cell to ``max_range_m``, at the TSDF/occupancy brick and at the free record's brick; 17 and
     32 rays per launch (Triton specialises integer arguments on divisibility by 16 and on 1)."""
-    from .kernels.segments import brick_segments
-
     cells = {4.0 * m.voxel_size_m}
     if m.stored_layer("free") is not None:
         cells.add(4.0 * m.esdf_voxel_size_m)
@@ -138,8 +139,6 @@ def _envelope_variants(dev: torch.device) -> None:
     """The ESDF's lower-envelope kernel once per specialisation of its line count (``n_lines`` is a
     specialised integer: a tiny warm-up scene gives one residue, real frames meet the others; on the H200
     these compiled in frames 1 and 3 of a new map, 0.9-1.4 s each)."""
-    from .kernels.envelope import lower_envelope
-
     for n in ENVELOPE_LINES:
         f = torch.arange(4 * n, dtype=torch.float32, device=dev) % 5
         start = torch.arange(n, dtype=torch.int64, device=dev) * 4
@@ -150,9 +149,6 @@ def _graph_captures(m) -> None:
     """CUDA graphs (``mapper.graphs``): capture every bucket of the map's graphed operations (the meshes)
     first, so neither the frame path below nor a later frame captures one; nothing where graphs do not
     apply (CPU, interpreter, ``MAPPER_CUDA_GRAPHS=0``)."""
-    from . import graphs
-    from .mesh import warm_graphs
-
     tsdf = m.stored_layer("tsdf")
     if tsdf is not None and graphs.enabled(m.device):
         with graphs.warming():
@@ -162,6 +158,7 @@ def _graph_captures(m) -> None:
 def _run(config: dict, dev: torch.device, sizes) -> None:
     """The frame path at each scan size in ``sizes`` (azimuth columns x 16 beams; two sizes give the
     kernels' integer arguments other residues mod 16), then the coarse walk's buckets."""
+    # lazy: map.py imports this module (Map() runs the warm-up)
     from .map import Map
 
     m = Map(**config, device=dev, warmup=False)

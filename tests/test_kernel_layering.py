@@ -7,6 +7,8 @@ function, except under ``TYPE_CHECKING``. Then the whole package: every module s
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -73,11 +75,13 @@ DOC = PACKAGE.parent / "docs" / "architecture.md"
 # here that no longer occurs (so the list only shrinks).
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 ALLOWED_CYCLES: dict[frozenset[str], str] = {
-    # the warm-up builds a throwaway Map to run the frame path once, and Map() runs the warm-up: both imports
-    # are inside functions; breaking it means passing the map factory in (warmup.py is another branch's room)
+    # the warm-up builds a throwaway Map to run the frame path once, and Map() runs the warm-up: map.py
+    # imports warmup at module level, warmup imports Map inside warm_up(); breaking it means passing the map
+    # factory in
     frozenset({"map", "warmup"}): "Map() calls warm_up(), which builds a Map",
-    # the cluster's ingress app and its sharded reads call each other (52 function-level imports, issue #28:
-    # the cluster becomes a MapBackend behind the one set of routes, which removes the loop)
+    # the cluster's ingress app and its sharded reads call each other: ingress imports shards at module
+    # level, shards imports ingress's Route/WorkerLost inside 3 functions (issue #28: the cluster becomes a
+    # MapBackend behind the one set of routes, which removes the loop)
     frozenset({"cluster.ingress", "cluster.shards"}): "the cluster's second HTTP API (issue #28)",
 }
 
@@ -247,3 +251,34 @@ def test_the_package_checker_on_a_toy_package(tmp_path, monkeypatch):
     }
     assert floor_of("kernels.k", table) == 1 and floor_of("map", table) == 2 and floor_of("x", table) is None
     assert sorted(map(sorted, cycles(g))) == [["errors", "kernels.k", "map"]]
+
+
+def test_the_map_imports_no_triton():
+    """A CPU install has no Triton: importing the package, the map, the grid and the service must not load it
+    (the ``kernels/triton_*`` modules are imported only when a call chooses them). A fresh interpreter, since
+    this one may have loaded Triton already; the check fails the same way if a ``triton_*`` module is pulled
+    in at module level."""
+    code = (
+        "import sys, mapper, mapper.map, mapper.grid, mapper.api.app, mapper.cli\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'triton'\n"
+        "             or m.startswith('mapper.') and '.triton_' in m)\n"
+        "assert not bad, bad\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_the_torch_only_modules_import_without_the_service_stack():
+    """The GPU machines run the library's tests on torch alone (no fastapi, pydantic, uvicorn, httpx,
+    websockets): the map, the CLI and the sharding logic import without them; those imports stay inside the
+    functions that serve (a fresh interpreter with the packages made unimportable)."""
+    code = (
+        "import sys\n"
+        "for m in ('fastapi', 'pydantic', 'pydantic_settings', 'uvicorn', 'httpx', 'websockets', 'triton'):\n"
+        "    sys.modules[m] = None\n"
+        "import mapper, mapper.map, mapper.cli, mapper.cluster.shards, mapper.cluster.worker\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -5,9 +5,13 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
+from urllib.parse import quote
 
+import fastapi_offline
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import (
@@ -103,8 +107,6 @@ DOCS_STATIC = "/docs-static"
 def _token_query(request: Request) -> str:
     """``?token=...`` when the page was opened with one (a browser cannot send a bearer header): the page
     then loads ``/openapi.json`` with it (the docs need a read token once tokens are set, ``AuthGate``)."""
-    from urllib.parse import quote
-
     token = request.query_params.get("token")
     return f"?token={quote(token, safe='')}" if token else ""
 
@@ -112,12 +114,6 @@ def _token_query(request: Request) -> str:
 def _offline_docs(app: FastAPI) -> None:
     """``/docs`` (Swagger UI) and ``/redoc`` with their scripts and styles served by the app itself from
     the assets packaged in ``fastapi-offline``, so the pages work without internet access."""
-    from pathlib import Path
-
-    import fastapi_offline
-    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
-    from fastapi.staticfiles import StaticFiles
-
     static = Path(fastapi_offline.__file__).parent / "static"
     app.mount(DOCS_STATIC, StaticFiles(directory=static), name="docs-static")
 

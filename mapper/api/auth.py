@@ -15,6 +15,7 @@ refused (403; WebSocket: closed before accept). NOTES.md explains the choice.
 from __future__ import annotations
 
 import ipaddress
+from urllib.parse import parse_qs
 
 from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -63,8 +64,6 @@ DOCS_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/red
 
 def query_token(scope: Scope) -> str | None:
     """The ``?token=`` query parameter (WebSocket clients and browsers cannot always send a header)."""
-    from urllib.parse import parse_qs
-
     values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token")
     return values[0] if values else None
 

@@ -7,8 +7,10 @@ import hmac
 import json
 import re
 from typing import Annotated
+from urllib.parse import quote
 
 from fastapi import Depends, Path, Request
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.requests import HTTPConnection
 
@@ -148,16 +150,12 @@ def attachment(filename: str) -> str:
     """A ``Content-Disposition`` value safe for any file name (stored map names come from old data dirs and
     imports too): an ASCII fallback with everything outside ``[A-Za-z0-9._-]`` replaced, plus the exact
     name percent-encoded (RFC 6266 / 5987). Never contains quotes, CR or LF."""
-    from urllib.parse import quote
-
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", filename)[:200] or "download"
     return f"attachment; filename=\"{safe}\"; filename*=UTF-8''{quote(filename, safe='')}"
 
 
 def reply(request: Request, obj, status_code: int = 200, headers: dict | None = None):
     """``obj`` as msgpack when the client accepts it, JSON otherwise (arrays -> nested lists)."""
-    from fastapi.responses import JSONResponse, Response
-
     if wants_msgpack(request):
         return Response(wire.packb(obj), status_code=status_code, media_type=wire.MSGPACK, headers=headers)
     return JSONResponse(wire.to_jsonable(obj), status_code=status_code, headers=headers)

@@ -29,6 +29,7 @@ import collections
 import json
 import logging
 import resource
+from http import HTTPStatus
 
 from ..settings import Settings
 from .errors import EDGE_CLOSED
@@ -114,8 +115,6 @@ class EdgeGuard:
 
 
 def _raw_response(status: int, error_type: str, detail: str, extra: bytes = b"") -> bytes:
-    from http import HTTPStatus
-
     body = json.dumps({"type": error_type, "detail": detail}).encode()
     phrase = HTTPStatus(status).phrase.encode()
     return (
@@ -128,6 +127,7 @@ def http_protocol(guard: EdgeGuard):
     """uvicorn's httptools protocol with the edge of ``guard`` (pass as ``uvicorn.run(http=...)``), or
     None when httptools is not installed (uvicorn then runs its h11 protocol without the edge)."""
     try:
+        # lazy: httptools (uvicorn[standard]) may be absent; the except below falls back
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         log.warning("httptools is not installed: serving without read timeouts and connection caps")

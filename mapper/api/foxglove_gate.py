@@ -22,6 +22,10 @@ import ipaddress
 import logging
 from urllib.parse import parse_qs, urlsplit
 
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import serve
+from websockets.exceptions import ConnectionClosed
+
 from ..errors import MapperError
 from ..settings import Settings, is_loopback
 from .deps import check_token
@@ -57,8 +61,6 @@ class FoxgloveGate:
         self.port: int | None = None
 
     async def start(self, host: str, port: int) -> FoxgloveGate:
-        from websockets.asyncio.server import serve
-
         self.server = await serve(
             self._relay,
             host,
@@ -116,9 +118,6 @@ class FoxgloveGate:
 
     # the relay
     async def _relay(self, client) -> None:
-        from websockets.asyncio.client import connect
-        from websockets.exceptions import ConnectionClosed
-
         try:
             async with connect(
                 self.upstream, subprotocols=[UPSTREAM_SUBPROTOCOL], max_size=None, compression=None

@@ -28,6 +28,7 @@ import logging
 import os
 import sys
 import threading
+import xml.etree.ElementTree as ET
 
 log = logging.getLogger("mapper.api.memory")
 
@@ -112,8 +113,6 @@ def malloc_arenas() -> list[dict[str, int]] | None:
     arena's bins under its lock (about a millisecond): for probes and scrapes, not per request."""
     if _LIBC is None or not hasattr(_LIBC, "malloc_info") or not hasattr(_LIBC, "open_memstream"):
         return None
-    import xml.etree.ElementTree as ET
-
     buf, size = ctypes.c_char_p(), ctypes.c_size_t()
     _LIBC.open_memstream.restype = ctypes.c_void_p
     _LIBC.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_size_t)]
@@ -235,6 +234,7 @@ class MemoryCollector:
         return []
 
     def collect(self):
+        # lazy: this module also loads on its own, without the metrics stack
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         yield GaugeMetricFamily("mapper_process_resident_bytes", "Resident set size", value=rss_bytes())

@@ -14,6 +14,8 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 
+from .. import __version__
+
 
 class _PerMap:
     """A labelled metric whose first two labels are ``map`` and ``name``: ``labels(map_id, *rest)`` adds
@@ -46,8 +48,6 @@ class Metrics:
 
         def per_map(cls, name: str, doc: str, labels=(), **kw) -> _PerMap:
             return _PerMap(cls(name, doc, ["map", "name", *labels], registry=r, **kw), names)
-
-        from .. import __version__
 
         Info("mapper_build", "Version of mapper and its main dependencies", registry=r).info(
             {

@@ -43,9 +43,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
 from .. import budget, store, warmup, wire
-from .._validation import check_translation
+from .._validation import check_translation, resolve_device
 from ..errors import (
     Conflict,
     InsufficientStorage,
@@ -63,6 +64,7 @@ from ..store_backends import open_store
 from . import memory
 from .errors import Busy, Unavailable
 from .metrics import Metrics
+from .schemas import MapCreate
 
 log = logging.getLogger("mapper.service")
 
@@ -835,10 +837,6 @@ def check_snapshot_meta(meta: dict) -> str | None:
     version, frames_integrated, wal_seq, trajectory_start, tracking, info.memory_budget_bytes), the stored
     name (if any) through ``check_name``. Returns the stored name. Raises ``InvalidArgument`` naming the
     field."""
-    from pydantic import ValidationError
-
-    from .schemas import MapCreate
-
     config = meta.get("config")
     try:
         MapCreate.model_validate({**config, "name": None} if isinstance(config, dict) else config)
@@ -901,8 +899,6 @@ class MapService:
 
     @staticmethod
     def _device(spec: str) -> torch.device:
-        from .._validation import resolve_device
-
         return resolve_device(spec)
 
     # ------------------------------------------------------------------------------------ lifecycle

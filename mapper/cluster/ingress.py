@@ -28,20 +28,42 @@ import re
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import numpy as np
 import torch
 from fastapi import APIRouter, Body, FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
-from .. import __version__
+from .. import __version__, io, render, viewer, wire
+from ..api import create_app, errors
+from ..api.app import BodyLimit, HttpMetrics, _offline_docs
+from ..api.auth import AuthGate, route_table
+from ..api.deps import VERSION_HEADER, ReadAuth, WriteAuth, check_metrics_token, check_token, reply
+from ..api.errors import Unavailable
+from ..api.routes.frames import _deny
+from ..api.routes.viewer import MAX_OCCUPIED
 from ..errors import Conflict, InvalidArgument, MapperError, NotFound
+from ..persistence import META_KEY
+from ..queries import Slice
 from ..settings import Settings
+from ..store import NAME_PATTERN
+from ..store_backends import is_object_store, open_store
+from ..viewer import STATIC_DIR
+
+# shards imports this module back only inside its functions (Route, WorkerLost): the loop closes at
+# call time, not at import time
+from . import ray_cluster, shards
 from .ray_cluster import WorkerHandle
+from .worker import worker_dir
 
 log = logging.getLogger("mapper.cluster.ingress")
 
@@ -127,9 +149,6 @@ class Router:
         self.http = httpx.AsyncClient(
             timeout=httpx.Timeout(600.0, connect=5.0), limits=httpx.Limits(max_connections=100)
         )
-        from ..api import create_app
-        from ..api.auth import route_table
-
         self.levels = route_table(create_app(settings).router.routes)  # the single-process app's auth
 
     async def close(self) -> None:
@@ -147,8 +166,6 @@ class Router:
             try:
                 h.url, h.token = await asyncio.wait_for(_await(h.actor.address.remote()), RESOLVE_TIMEOUT_S)
             except Exception as e:
-                from ..api.errors import Unavailable
-
                 raise Unavailable(
                     f"map worker {index} is not reachable ({type(e).__name__}); retry"
                 ) from None
@@ -173,8 +190,6 @@ class Router:
                     f"map worker {index} failed during the request ({type(e).__name__}); it may or may not "
                     "have been applied"
                 ) from None
-        from ..api.errors import Unavailable
-
         raise Unavailable(f"map worker {index} does not accept connections; retry")
 
     async def json(self, index: int, method: str, path: str, **kw):
@@ -189,14 +204,10 @@ class Router:
     async def refresh(self) -> None:
         """Rebuild the routes from the workers' map lists."""
         lists = await asyncio.gather(*(self.json(i, "GET", "/v1/maps") for i in range(len(self.workers))))
-        from . import shards
-
         found: dict[str, tuple[int, str]] = {}
         summaries: dict[str, tuple[int, dict]] = {}
         for i, resp in enumerate(lists):
             if resp.status_code != 200:
-                from ..api.errors import Unavailable
-
                 raise Unavailable(f"map worker {i}: listing maps answered {resp.status_code}")
             for m in resp.json()["maps"]:
                 summaries[m["id"]] = (i, m)
@@ -224,11 +235,6 @@ class Router:
         """Serve the maps on the shared root that no worker owns: those of a plain ``mapper serve`` on the
         same data directory (``<root>/maps``) and those of workers beyond the current count (``--ray-workers``
         lowered). Each is placed like a new map and moved into its worker's directory. Returns their ids."""
-        from pathlib import Path
-
-        from ..store_backends import is_object_store
-        from .worker import worker_dir
-
         if is_object_store(self.settings.store):
             return await self._adopt_from_store()
         root = Path(root)
@@ -261,8 +267,6 @@ class Router:
     async def _adopt_from_store(self) -> list[str]:
         """``adopt`` on an object store: the maps with no owner object (made by a plain ``mapper serve``)
         or owned by a worker beyond the current count; each is placed like a new map and claimed."""
-        from ..store_backends import open_store
-
         data = await asyncio.to_thread(open_store, self.settings, None)
         owners = await asyncio.to_thread(data.owners)
         current = {f"w{i}" for i in range(len(self.workers))}
@@ -340,8 +344,6 @@ class Router:
     async def _move_shard(self, sm, shard: int | None, target: int) -> dict:
         """Move shard ``shard`` of a sharded map: its gate closes every request to the map (frames, reads)
         while the shard is handed over, as ``move`` does for one map."""
-        from . import shards
-
         if shard is None or isinstance(shard, bool) or not isinstance(shard, int):
             raise InvalidArgument(
                 f"shard: map {sm.id!r} is sharded: say which of its shards 0..{sm.count - 1} moves "
@@ -388,8 +390,6 @@ async def _await(ref):
 @contextlib.asynccontextmanager
 async def _closed(gate: Route):
     """Close a gate (new requests wait), wait until the ones in flight are answered, reopen on exit."""
-    from ..api.errors import Unavailable
-
     gate.paused = True
     gate.resumed.clear()
     try:
@@ -427,8 +427,6 @@ def _response(resp: httpx.Response, body: bytes | None = None):
 def stored_name(snapshot: bytes) -> str | None:
     """The map name stored in an exported snapshot (safetensors header metadata), or None (none stored,
     or not readable here: the worker validates the file)."""
-    from ..persistence import META_KEY
-
     try:
         n = int.from_bytes(snapshot[:8], "little")
         if not 0 < n <= min(len(snapshot) - 8, 100 << 20):
@@ -483,14 +481,6 @@ def create_cluster_app(
     """The ingress app of ``mapper serve --ray``. Its lifespan joins the Ray cluster at ``address`` (or
     uses the one this process already joined, or starts a local one), starts ``workers`` map workers
     (default: one per GPU, 2 without), and stops them (every map snapshotted) at shutdown."""
-    from ..api import errors
-    from ..api.app import BodyLimit, HttpMetrics, _offline_docs
-    from ..api.auth import AuthGate
-    from ..api.deps import ReadAuth, WriteAuth, check_metrics_token, check_token
-    from ..api.errors import Unavailable
-    from ..viewer import STATIC_DIR
-    from . import ray_cluster
-
     metrics = IngressMetrics()
 
     @asynccontextmanager
@@ -580,8 +570,6 @@ def create_cluster_app(
     async def create_map(request: Request):
         """As ``mapper serve``; the map is placed on the least loaded worker. With ``"shards": K`` (2 <= K
         <= workers) the map is split over K workers by root-tile blocks (README "Sharded maps")."""
-        from . import shards
-
         r = router_of(request)
         body = await request.body()
         try:
@@ -608,15 +596,11 @@ def create_cluster_app(
     async def import_map(request: Request):
         """As ``mapper serve``; the map is placed on the least loaded worker. A sharded map's export (a tar)
         becomes a sharded map again (README "Sharded maps")."""
-        from . import shards
-
         r = router_of(request)
         body = await request.body()
         name = request.query_params.get("name")
         if shards.is_sharded_export(body):  # a sharded map's export: K shards again
             if name is not None:
-                from ..store import NAME_PATTERN
-
                 if not re.fullmatch(NAME_PATTERN, name):
                     raise InvalidMapId(f"query.name: String should match pattern '{NAME_PATTERN}'")
             async with r.lock:
@@ -673,8 +657,6 @@ def create_cluster_app(
             sm = r.sharded.get(map_id)
             route = r.route(map_id) if sm is None else None
         except MapperError as e:
-            from ..api.routes.frames import _deny
-
             await _deny(ws, e)
             return
         await ws.accept()
@@ -732,10 +714,6 @@ def create_cluster_app(
     def openapi() -> dict:
         """``mapper serve``'s schema (every forwarded route, as it is) plus the cluster's own routes."""
         if app.openapi_schema is None:
-            from fastapi.openapi.utils import get_openapi
-
-            from ..api import create_app
-
             schema = create_app(settings).openapi()
             own = get_openapi(title=app.title, version=app.version, routes=app.routes)
             for path, item in own.get("paths", {}).items():  # mapper serve's documentation wins
@@ -751,17 +729,11 @@ def create_cluster_app(
 
     @app.get("/", include_in_schema=False)
     async def root():
-        from fastapi.responses import RedirectResponse
-
         return RedirectResponse("/viewer", status_code=307)
 
     @app.get("/viewer", include_in_schema=False)
     async def viewer_page():
-        from fastapi.responses import FileResponse
-
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
-
-    from fastapi.staticfiles import StaticFiles
 
     app.mount("/viewer/static", StaticFiles(directory=STATIC_DIR), name="viewer-static")
     app.add_middleware(BodyLimit, settings=settings)
@@ -771,8 +743,6 @@ def create_cluster_app(
 
 
 async def _sharded_summaries(r: Router) -> list[dict]:
-    from . import shards
-
     out = []
     for sm in list(r.sharded.values()):
         parts = await asyncio.gather(*(shards._summary_of(r, sm, i) for i in range(sm.count)))
@@ -783,8 +753,6 @@ async def _sharded_summaries(r: Router) -> list[dict]:
 async def _sharded_request(r: Router, sm, request: Request, rest: str):
     """A ``/v1/maps/{id}/...`` request to a sharded map (``mapper.cluster.shards``), through the map's gate
     (closed while one of its shards moves)."""
-    from . import shards
-
     if rest == "" and request.method == "DELETE":
         async with r.lock:
             return await shards.delete(r, sm)
@@ -807,9 +775,6 @@ def _query_int(request: Request, name: str, lo: int, hi: int, default: int | Non
 
 
 async def _sharded_dispatch(r: Router, sm, request: Request, rest: str):
-    from ..api.deps import VERSION_HEADER, reply
-    from . import shards
-
     method, body = request.method, await request.body()
     ctype = request.headers.get("content-type", "")
     try:
@@ -825,9 +790,6 @@ async def _sharded_dispatch(r: Router, sm, request: Request, rest: str):
             fmt = params.get("format", "png")
             out = await shards.slice_(r, sm, params)
             if fmt == "png":
-                from .. import render
-                from ..queries import Slice
-
                 s = Slice(
                     torch.from_numpy(np.asarray(out["distance"])),
                     tuple(out["origin_xy"]),
@@ -839,15 +801,11 @@ async def _sharded_dispatch(r: Router, sm, request: Request, rest: str):
                 )
                 return Response(png, media_type="image/png")
             if fmt == "msgpack":
-                from .. import wire
-
                 return Response(wire.packb(out), media_type=wire.MSGPACK)
             return reply(request, out)
         if rest == "esdf/box" and method == "POST":
             return reply(request, await shards.box(r, sm, body, ctype))
         if rest in ("mesh", "mesh/blocks") and method == "GET":
-            from .. import io, viewer, wire
-
             fmt = request.query_params.get("format", "ply")
             if rest == "mesh" and fmt not in ("ply", "msgpack"):
                 raise InvalidArgument(f"format: expected 'ply' or 'msgpack', got {fmt!r}")
@@ -865,8 +823,6 @@ async def _sharded_dispatch(r: Router, sm, request: Request, rest: str):
         if rest == "status" and method == "GET":
             return await shards.status(r, sm)
         if rest == "occupied" and method == "GET":
-            from ..api.routes.viewer import MAX_OCCUPIED
-
             n = _query_int(request, "max_voxels", 1, MAX_OCCUPIED, 200_000)
             return reply(request, await shards.occupied(r, sm, n))
         if rest == "trajectory" and method == "GET":  # shard 0 records every frame's pose
@@ -892,9 +848,6 @@ async def _sharded_dispatch(r: Router, sm, request: Request, rest: str):
 async def _sharded_stream(r: Router, sm, ws: WebSocket, settings: Settings) -> None:
     """A WebSocket stream into a sharded map: each binary frame integrated as ``POST .../frames`` is
     (every shard it reaches acks it), its ack or error sent back in order."""
-    from .. import wire
-    from . import shards
-
     try:
         while True:
             msg = await ws.receive()
@@ -985,8 +938,6 @@ class StreamRelay:
 
     async def _connect(self) -> None:
         """(Re)connect the upstream to the map's owner, after the old one's acks are all relayed."""
-        from websockets.asyncio.client import connect
-
         await self._close_upstream()
         index = self.route.worker
         stale = False
@@ -1018,8 +969,6 @@ class StreamRelay:
         self.pump = asyncio.get_running_loop().create_task(self._relay_acks(self.up))
 
     async def _relay_acks(self, up) -> None:
-        from websockets.exceptions import ConnectionClosed
-
         try:
             async for m in up:
                 if not self.client_gone:

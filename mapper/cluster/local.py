@@ -31,6 +31,7 @@ def serve_in_thread(
     Raises:
         RuntimeError: the server stopped or did not start within ``timeout_s`` seconds.
     """
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
@@ -61,6 +62,7 @@ def wait_ready(
     Raises:
         RuntimeError: ``alive()`` turned false, or not ready within ``timeout_s`` seconds.
     """
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     import httpx
 
     deadline = time.monotonic() + timeout_s

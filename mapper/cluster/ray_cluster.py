@@ -13,6 +13,9 @@ import logging
 import secrets
 from dataclasses import dataclass
 
+from ..errors import InvalidArgument
+from .worker import MapWorker
+
 log = logging.getLogger("mapper.cluster")
 
 NAMESPACE = "mapper"
@@ -24,8 +27,6 @@ def require_ray():
     try:
         import ray
     except ImportError:
-        from ..errors import InvalidArgument
-
         raise InvalidArgument("--ray needs the ray package: pip install 'mapper[ray]'") from None
     return ray
 
@@ -98,8 +99,6 @@ def start_workers(settings, n: int | None = None, token: str | None = None) -> l
     node (a shared filesystem) for a restarted or moved map to be found, unless ``settings.store`` is an
     object store (then every worker keeps its maps there and ``data_dir`` holds local caches only)."""
     ray = require_ray()
-    from .worker import MapWorker
-
     gpus = float(ray.cluster_resources().get("GPU", 0))
     n, per_gpu, share = plan_workers(settings.device, gpus, n)
     token = token or secrets.token_urlsafe(24)

@@ -26,17 +26,23 @@ The functions at the top are pure (numpy / torch, no I/O) and tested without Ray
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import math
 import secrets
+import tarfile
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from .. import io as mapper_io
 from .. import sharding, wire
-from ..errors import InvalidArgument, MapperError
+from ..errors import Conflict, InvalidArgument, MapperError
+from ..grid import IndexGrid
+from ..mesh import Mesh, block_keys, empty_mesh
 
 log = logging.getLogger("mapper.cluster.shards")
 
@@ -161,8 +167,6 @@ def gather_mesh(meshes: dict[int, object], count: int, block_tiles: int, version
     map's mesh. Deltas give a delta (``full=False``; the owned ``removed_blocks`` of every shard) that
     :func:`mapper.mesh.apply_delta` merges into the gathered mesh it was made since, with the same result
     as gathering the full meshes. ``version``: the gathered version (default: the sum of the shards')."""
-    from ..mesh import Mesh, block_keys
-
     fulls = {bool(m.full) for m in meshes.values()}
     if len(fulls) != 1:
         raise InvalidArgument("meshes: mix of full meshes and deltas (ask every shard for the whole mesh)")
@@ -198,8 +202,6 @@ def gather_mesh(meshes: dict[int, object], count: int, block_tiles: int, version
     gone = torch.cat(removed) if removed else torch.zeros((0, 3), dtype=torch.int64)
     gone = gone[torch.argsort(block_keys(gone), stable=True)] if gone.shape[0] else gone
     if not faces:
-        from ..mesh import empty_mesh
-
         out = empty_mesh(torch.device("cpu"), with_color, version, voxel)
         out.full, out.since_version, out.removed_blocks = full, since, gone
         return out
@@ -242,8 +244,6 @@ class MeshCursors:
     log no longer reaches back."""
 
     def __init__(self, keep: int = 4096):
-        from collections import OrderedDict
-
         self.keep = keep
         self.table: OrderedDict[int, tuple[int, ...]] = OrderedDict()
 
@@ -266,8 +266,6 @@ def gather_occupied(parts: dict[int, dict], count: int, block_tiles: int, max_vo
     ``voxel_size_m``) -> one map's answer: each shard's owned voxels, in the voxel order of one map's grid
     (leaf by leaf), ``max_voxels`` of them evenly strided as ``Map.occupied_voxels`` picks them. Exact
     while no shard capped its reply (``capped`` is then also set when the union exceeds ``max_voxels``)."""
-    from ..grid import IndexGrid
-
     first = next(iter(parts.values()))
     s = float(first["voxel_size_m"])
     ijk, shard_capped = [], False
@@ -363,6 +361,7 @@ class ShardedMap:
 
 
 def _gate():
+    # lazy: ingress imports this module at import time (the loop of issue #28)
     from .ingress import Route
 
     return Route(-1, "")
@@ -473,8 +472,6 @@ def export_manifest(sm: ShardedMap, sizes: list[int]) -> dict:
 def tar_header(name: str, size: int) -> bytes:
     """The 512-byte (GNU, any size) tar header of a regular file: a sharded export is a tar written as it
     streams (``manifest.json``, then ``shard<i>.safetensors``, each an exported snapshot)."""
-    import tarfile
-
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = int(size), 0o644, 0
     return info.tobuf(tarfile.GNU_FORMAT)
@@ -495,9 +492,6 @@ def is_sharded_export(data: bytes) -> bool:
 def read_export(data: bytes) -> tuple[dict, list[bytes]]:
     """A sharded export -> (its manifest, the K shard snapshot files in shard order). Raises
     ``InvalidArgument`` naming what is missing or malformed."""
-    import io
-    import tarfile
-
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
             members = {m.name: m for m in tar.getmembers() if m.isfile()}
@@ -545,6 +539,7 @@ async def _json_reply(router, index: int, method: str, path: str, **kw):
 
 
 def _error_response(status: int, content: bytes, headers):
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from fastapi.responses import Response
 
     keep = {k: v for k, v in headers.items() if k.lower() in ("content-type",)}
@@ -554,6 +549,7 @@ def _error_response(status: int, content: bytes, headers):
 async def create(router, body: dict, k: int, headers: dict):
     """Create a sharded map: the config is validated and completed by a worker (an ordinary create of the
     same body, deleted again), then one shard map per worker, on the K least loaded workers."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from fastapi.responses import JSONResponse
 
     plain = {key: v for key, v in body.items() if key not in ("shards", "shard_block_m", "name")}
@@ -564,8 +560,6 @@ async def create(router, body: dict, k: int, headers: dict):
         raise InvalidArgument(f"shard_block_m: expected a number in (0, 1e5] metres, got {block_m!r}")
     name = body.get("name")
     if name is not None and any(getattr(x, "name", None) == name for x in _all_maps(router)):
-        from ..errors import Conflict
-
         raise Conflict(f"name: a map named {name!r} exists")
     order = await router.ranked()
     probe_worker = order[0]
@@ -642,6 +636,7 @@ async def _actor(ref, timeout_s: float):
 async def _summary_of(router, sm: ShardedMap, i: int, detail: bool = False) -> dict:
     status, content, _ = await _json_reply(router, sm.workers[i], "GET", f"/v1/maps/{sm.ids[i]}")
     if status != 200:
+        # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
         from ..api.errors import Unavailable
 
         raise Unavailable(f"shard {i} of map {sm.id!r} answered {status}; retry")
@@ -653,6 +648,7 @@ async def _summary_of(router, sm: ShardedMap, i: int, detail: bool = False) -> d
 
 
 async def get_map(router, sm: ShardedMap):
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from fastapi.responses import JSONResponse
 
     parts = await asyncio.gather(*(_summary_of(router, sm, i, True) for i in range(sm.count)))
@@ -671,6 +667,7 @@ async def get_map(router, sm: ShardedMap):
 
 
 async def delete(router, sm: ShardedMap):
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from fastapi.responses import Response
 
     for i in range(sm.count):
@@ -684,6 +681,7 @@ async def delete(router, sm: ShardedMap):
 async def integrate(router, sm: ShardedMap, body: bytes, content_type: str, settings) -> tuple[int, dict]:
     """One frame into a sharded map: (status, ack or error body). The frame is parsed here (its footprint
     picks the shards) and sent as it came to each of them; 200 once every one has acked it (in its WAL)."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from ..api.errors import error_body, status_of
 
     try:
@@ -735,6 +733,7 @@ async def _send_frame(router, sm: ShardedMap, i: int, body: bytes, ctype: str) -
     logged) is sent again; when the worker dies with the frame (``WorkerLost``), the shard's last seq after
     Ray restarted it says whether the frame reached its WAL (then the recovered map holds it: acked) or
     not (sent again). So every shard a frame goes to holds it once, and an unacked frame is in none."""
+    # lazy: ingress imports this module at import time (the loop of issue #28)
     from .ingress import WorkerLost
 
     loop = asyncio.get_running_loop()
@@ -770,6 +769,7 @@ async def _send_frame(router, sm: ShardedMap, i: int, body: bytes, ctype: str) -
 
 async def _summary_after_restart(router, sm: ShardedMap, i: int) -> dict:
     """Shard ``i``'s summary once its worker answers again (Ray restarts a dead actor; its maps recover)."""
+    # lazy: ingress imports this module at import time (the loop of issue #28)
     from .ingress import WorkerLost
 
     deadline = asyncio.get_running_loop().time() + RECOVER_S
@@ -861,8 +861,10 @@ async def slice_(router, sm: ShardedMap, params: dict) -> dict:
 
 async def box(router, sm: ShardedMap, body: bytes, content_type: str) -> dict:
     msg = await asyncio.to_thread(parse_json_or_msgpack, body, content_type)
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from pydantic import ValidationError
 
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from ..api.schemas import BoxRequest
 
     try:
@@ -909,7 +911,7 @@ async def mesh(router, sm: ShardedMap, since: int | None = None):
     sum of the shards' map versions. With ``since`` (a cursor handed out before) each shard is asked for its
     delta since its own version then, and the gathered delta is relative to ``since``; an unknown cursor,
     or a shard that no longer reaches back, gives the whole mesh."""
-    from .. import io
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from ..api.deps import VERSION_HEADER
 
     vec = sm.cursors.lookup(since) if since is not None else None
@@ -927,13 +929,13 @@ async def mesh(router, sm: ShardedMap, since: int | None = None):
     for resp in resps:
         if resp.status_code != 200:
             raise _Upstream(resp)
-    meshes = {i: io.mesh_from_msgpack(r.content) for i, r in enumerate(resps)}
+    meshes = {i: mapper_io.mesh_from_msgpack(r.content) for i, r in enumerate(resps)}
     if len({m.full for m in meshes.values()}) > 1:  # one shard's change log did not reach back: all whole
         again = [i for i, m in meshes.items() if not m.full]
         for i, r in zip(again, await asyncio.gather(*(fetch(i, None) for i in again)), strict=True):
             if r.status_code != 200:
                 raise _Upstream(r)
-            meshes[i] = io.mesh_from_msgpack(r.content)
+            meshes[i] = mapper_io.mesh_from_msgpack(r.content)
             resps[i] = r
     map_version = sum(int(r.headers.get(VERSION_HEADER, 0)) for r in resps)
     spec = sm.spec
@@ -983,6 +985,7 @@ async def status(router, sm: ShardedMap) -> dict:
 async def occupied(router, sm: ShardedMap, max_voxels: int) -> dict:
     """``GET .../occupied`` of a sharded map: every shard's occupied voxels (up to the route's cap), the
     owned ones in one map's order (``gather_occupied``)."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from ..api.routes.viewer import MAX_OCCUPIED
 
     resps = await asyncio.gather(
@@ -1025,6 +1028,7 @@ async def esdf_bounds(router, sm: ShardedMap) -> tuple[list[float], list[float]]
 async def fan_out(router, sm: ShardedMap, method: str, path: str, body: bytes, headers: dict):
     """An edit every shard applies the same way (clear, decay, snapshot): sent to all; the first reply
     with the others' under ``shards``."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from fastapi.responses import JSONResponse
 
     async with sm.lock:
@@ -1049,8 +1053,10 @@ async def export(router, sm: ShardedMap):
     """``GET .../export`` of a sharded map: a tar streamed as it is read (``manifest.json``, then every
     shard's exported snapshot). Each shard's export is opened under the map's frame lock, so all of them
     show the same frames (each worker snapshots and opens its file before it answers)."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from fastapi.responses import StreamingResponse
 
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from ..api.deps import attachment
 
     resps = []
@@ -1098,9 +1104,8 @@ async def import_export(router, data: bytes, name: str | None):
     ``name`` is given or the stored one is taken) with K shards on the K least loaded workers, each shard
     loaded by its worker from its snapshot file (sent through Ray's object store: no shared filesystem
     needed). All or nothing. Caller holds ``router.lock``."""
+    # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
     from fastapi.responses import JSONResponse
-
-    from ..errors import Conflict
 
     man, files = await asyncio.to_thread(read_export, data)
     k = check_shards({"shards": man["shards"]}, len(router.workers))

@@ -17,6 +17,14 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+
+from .. import budget
+from .._validation import resolve_device
+from ..errors import InvalidArgument, NotFound
+from ..map import Map
+from ..persistence import load_snapshot_bytes
+
 log = logging.getLogger("mapper.cluster.worker")
 
 START_TIMEOUT_S = 300.0
@@ -50,10 +58,10 @@ class MapWorker:
         memory_share: float = 1.0,
         host: str | None = None,
     ):
+        # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
         import uvicorn
 
-        from .. import budget
-        from .._validation import resolve_device
+        # lazy: the service stack (fastapi, pydantic, uvicorn, httpx, websockets) loads only where it is used
         from ..api import create_app
         from ..settings import Settings
 
@@ -144,8 +152,6 @@ class MapWorker:
 
     def info(self) -> dict:
         """What ``GET /v1/cluster`` shows for this worker."""
-        from .. import budget
-
         svc = self.service
         maps = list(svc.maps.values())
         fps = 0.0
@@ -217,7 +223,6 @@ class MapWorker:
     def esdf_bounds(self, map_id: str) -> tuple[list[float], list[float]] | None:
         """The extent (x, y, z min / max, metres) of a map's ESDF, what its slice defaults to (None while it
         has no ESDF): the ingress takes the union over a sharded map's shards."""
-        from ..errors import InvalidArgument, NotFound
 
         async def run():
             entry = self.service.maps.get(map_id)
@@ -240,9 +245,6 @@ class MapWorker:
         its ``shard`` entry replaced by ``shard`` (the new sharded map's id, name and this shard's index):
         the ingress imports sharded exports with it. The snapshot must be a shard with the same index and
         K. Returns its summary."""
-        from ..errors import InvalidArgument
-        from ..map import Map
-        from ..persistence import load_snapshot_bytes
 
         async def run():
             tensors, meta = await asyncio.to_thread(load_snapshot_bytes, snapshot)
@@ -294,8 +296,6 @@ def _node_id() -> str | None:
 
 
 def _device_allocated(device) -> int | None:
-    import torch
-
     if device.type == "cuda" and torch.cuda.is_initialized():
         return int(torch.cuda.memory_allocated(device))
     return None

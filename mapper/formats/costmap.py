@@ -42,6 +42,7 @@ def cost_from_distance(distance_m, lethal_m: float = 0.2, inflation_m: float = 1
 
 
 def _typestore():
+    # lazy: rosbags (large) loads only when a ROS message is built
     from rosbags.typesys import Stores, get_typestore
 
     return get_typestore(Stores.ROS2_HUMBLE)

@@ -375,6 +375,7 @@ def _project_update(layer, bricks, slots, depth, K, T, color, cfg, max_range_m) 
 
 
 def _project_update_triton(layer, bricks, slots, depth, K, T, color, cfg, max_range_m) -> torch.Tensor:
+    # lazy: Triton is optional (a CPU install imports this module without it)
     from ..kernels.triton_project import project_update_launch
 
     tau, s = cfg.tau, cfg.voxel_size_m

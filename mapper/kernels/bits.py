@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from .dispatch import kernel
+
 
 def _s64(u: int) -> int:
     """An unsigned 64-bit constant as the int64 with the same bits."""
@@ -41,8 +43,6 @@ def popcount64(x: torch.Tensor) -> torch.Tensor:
 
 def leaf_counts(masks: torch.Tensor) -> torch.Tensor:
     """Active voxels per leaf: int64 ``[L]`` from int64 ``[L, 8]`` masks."""
-    from .dispatch import kernel
-
     if masks.shape[0] == 0:
         return leaf_counts_torch(masks)
     return kernel(masks.device, leaf_counts_torch, "triton_ops:leaf_counts_triton")(masks)

@@ -54,6 +54,7 @@ def dda_triton(
     origins: torch.Tensor, dirs: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, cell: float, max_steps: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same as :func:`dda_torch`, one Triton launch."""
+    # lazy: Triton is optional (a CPU install imports this module without it)
     from .triton_dda import dda_kernel_launch
 
     return dda_kernel_launch(origins, dirs, t0, t1, cell, max_steps)

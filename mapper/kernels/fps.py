@@ -236,6 +236,7 @@ def _fps_triton(
     graph_iters: int | None = None,
 ) -> torch.Tensor:
     """``prune=False`` gives the naive algorithm fused into one launch per sample (benchmark baseline)."""
+    # lazy: Triton is optional (a CPU install imports this module without it)
     from .triton_fps import fps_loop
 
     if m == 0:

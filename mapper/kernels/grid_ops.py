@@ -20,6 +20,7 @@ Morphed = tuple[Leaves, Tiles | None]
 
 
 def _triton_voxel_ijk(leaves: Leaves) -> torch.Tensor:
+    # lazy: Triton is optional (a CPU install imports this module without it)
     from .triton_ops import voxel_ijk_triton
 
     return voxel_ijk_triton(leaves)
@@ -39,6 +40,7 @@ def _torch_ijk_to_index(leaves: Leaves, tiles: TilesOf, ijk: torch.Tensor, leaf_
 
 
 def _triton_ijk_to_index(leaves: Leaves, tiles: TilesOf, ijk: torch.Tensor, leaf_only: bool) -> torch.Tensor:
+    # lazy: Triton is optional (a CPU install imports this module without it)
     from .triton_ops import ijk_to_index_triton
 
     return ijk_to_index_triton(leaves, tiles(), ijk, leaf_only=leaf_only)
@@ -53,6 +55,7 @@ def ijk_to_index(leaves: Leaves, tiles: TilesOf, ijk: torch.Tensor, leaf_only: b
 
 
 def _triton_prune(leaves: Leaves, keep: torch.Tensor) -> Leaves:
+    # lazy: Triton is optional (a CPU install imports this module without it)
     from .triton_ops import prune_triton
 
     return prune_triton(leaves, keep)
@@ -69,6 +72,7 @@ def _torch_morph(leaves: Leaves, tiles: TilesOf, connectivity: int, erode: bool)
 
 
 def _triton_morph(leaves: Leaves, tiles: TilesOf, connectivity: int, erode: bool) -> Morphed:
+    # lazy: Triton is optional (a CPU install imports this module without it)
     from .triton_ops import dilate_triton, erode_triton
 
     return (erode_triton if erode else dilate_triton)(leaves, tiles(), connectivity)
@@ -85,6 +89,7 @@ def _torch_inject_index(src: Leaves, src_tiles: TilesOf, dst: Leaves) -> torch.T
 
 
 def _triton_inject_index(src: Leaves, src_tiles: TilesOf, dst: Leaves) -> torch.Tensor:
+    # lazy: Triton is optional (a CPU install imports this module without it)
     from .triton_ops import inject_index_triton
 
     return inject_index_triton(src, src_tiles(), dst)

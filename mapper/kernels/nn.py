@@ -173,6 +173,7 @@ def nearest_in_voxel_map_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same as :func:`nearest_in_voxel_map_torch`, as a Triton kernel (CUDA, or the interpreter)."""
     _check(queries, keys, slots, points, neighbourhood)
+    # lazy: Triton is optional (a CPU install imports this module without it)
     from .triton_nn import nearest_in_voxel_map_kernel_launch
 
     return nearest_in_voxel_map_kernel_launch(
@@ -302,6 +303,7 @@ def icp_system_triton(
 ) -> torch.Tensor:
     """Same as :func:`icp_system_torch`, in one fused Triton launch (``find`` is ignored)."""
     _check(source, keys, slots, points, neighbourhood)
+    # lazy: Triton is optional (a CPU install imports this module without it)
     from .triton_nn import icp_system_kernel_launch
 
     return icp_system_kernel_launch(

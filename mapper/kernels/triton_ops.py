@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .keys import LEAF_POS_BITS, TILE_AXIS_BITS
+from .bits import popcount64
+from .keys import LEAF_POS_BITS, TILE_AXIS_BITS, TILE_BIAS, VOXEL_LIMIT
 from .topology import Leaves, Tiles, build_tiles, lookup_leaves
 
 # ---------------------------------------------------------------------------------------------------
@@ -169,8 +170,6 @@ def _ijk_to_index_kernel(
 def ijk_to_index_triton(
     leaves: Leaves, tiles: Tiles, ijk: torch.Tensor, leaf_only: bool = False
 ) -> torch.Tensor:
-    from .keys import TILE_BIAS, VOXEL_LIMIT
-
     q = ijk.contiguous()
     n = q.shape[0]
     out = torch.empty(n, dtype=torch.int64, device=q.device)
@@ -233,8 +232,6 @@ def _voxel_ijk_kernel(keys_ptr, masks_ptr, offsets_ptr, out_ptr, BIAS: tl.conste
 
 
 def voxel_ijk_triton(leaves: Leaves) -> torch.Tensor:
-    from .keys import TILE_BIAS
-
     n_vox = int(leaves.offsets[-1])
     out = torch.empty((n_vox, 3), dtype=torch.int32, device=leaves.keys.device)
     if leaves.keys.numel():
@@ -706,8 +703,6 @@ def erode_triton(leaves: Leaves, tiles: Tiles, connectivity: int) -> tuple[Leave
 
 
 def _leaf_pass(leaves, tiles, out_tkeys, out_tmask, ug, connectivity, erode):
-    from .bits import popcount64
-
     dev = leaves.keys.device
     n_u = out_tkeys.numel()
     starts = torch.zeros(n_u + 1, dtype=torch.int64, device=dev)

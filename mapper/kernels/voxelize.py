@@ -180,6 +180,7 @@ def voxelize_triton(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Hash-based (GPU path): cells inserted into an open-addressing table by CAS, voxel ids by the prefix
     sum of "first point of its voxel" flags, the first K points per voxel by an atomic-min insertion."""
+    # lazy: Triton is optional (a CPU install imports this module without it)
     from .triton_voxelize import voxelize_hash
 
     p, g = prepare(points, voxel_size_m, range_min, range_max, max_points_per_voxel, max_voxels)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from ...errors import InvalidArgument, NotFound
+from ...formats import nanovdb, vdb
 from ..deps import EntryDep, ReadAuth, ServiceDep, SettingsDep, WriteAuth, attachment, version_header
 from ..schemas import (
     IMPORT_BODY,
@@ -155,8 +156,6 @@ async def export_map(
     (TSDF or ESDF, metres) as an OpenVDB ``FloatGrid`` / a NanoVDB float grid (``mapper.formats.vdb``,
     ``mapper.formats.nanovdb``) with the voxel-size transform."""
     if format != "snapshot":
-        from ...formats import vdb
-
         if layer not in entry.map.layers:
             raise InvalidArgument(
                 f"layer: the map has no {layer!r} layer (it has {', '.join(entry.map.layers)})"
@@ -215,6 +214,4 @@ async def import_map(
 
 def grid_file_bytes(grid, format: str) -> bytes:
     """A layer's grid as a ``.vdb`` or ``.nvdb`` file."""
-    from ...formats import nanovdb, vdb
-
     return vdb.vdb_bytes([grid]) if format == "vdb" else nanovdb.nvdb_bytes([grid])

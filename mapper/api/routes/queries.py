@@ -12,7 +12,7 @@ import torch
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from ... import budget, wire
+from ... import budget, io, render, wire
 from ...errors import InvalidArgument, RequestTooLarge
 from ..deps import EntryDep, ReadAuth, attachment, read_message, reply, version_header, wants_msgpack
 from ..schemas import QUERY_BODY, BoxRequest, ErrorBody
@@ -185,8 +185,6 @@ async def esdf_slice(
             max_pixels=max_cells,
         )
         if format == "png":
-            from ... import render
-
             return render.slice_to_png(s, max_distance_m=m.esdf_max_distance_m)
         return {
             "distance": np_(s.distance).astype(np.float32),
@@ -254,8 +252,6 @@ async def get_mesh(
         t = time.perf_counter()
         mesh = m.mesh(since_version=since_version)
         entry.metrics.stage.labels("mesh").observe(time.perf_counter() - t)
-        from ... import io
-
         if format == "ply":
             return io.mesh_to_ply_bytes(mesh)
         return wire.packb(io.mesh_to_msgpack_dict(mesh))

@@ -16,8 +16,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from ... import viewer
+from ...foxglove import FoxgloveBridge
 from ...mesh import apply_delta, empty_mesh
 from ..deps import VERSION_HEADER, EntryDep, ReadAuth, reply
+from ..foxglove_gate import FoxgloveGate
 from ..schemas import ErrorBody
 
 log = logging.getLogger("mapper.api")
@@ -35,9 +37,6 @@ async def foxglove_lifespan(app):
     if port is None:
         yield
         return
-    from ...foxglove import FoxgloveBridge
-    from ..foxglove_gate import FoxgloveGate
-
     host = settings.foxglove_host
     bridge = FoxgloveBridge(app.state.service, host="127.0.0.1", port=0)  # reached through the gate only
     try:
