@@ -19,6 +19,7 @@ import torch
 
 from . import _validation as v
 from . import maintenance, map_io
+from . import warmup as warm  # imports Map back only inside warm_up(); called as warm.warm_up (patchable)
 from .errors import InvalidArgument
 from .integrators.base import BrickQueue, DepthFrame, LidarFrame
 from .integrators.common import (
@@ -36,7 +37,6 @@ from .map_reads import MapReads
 from .timing import StageTimer
 from .tracking import LidarTracker
 from .trajectory import Trajectory
-from .warmup import warm_up  # warmup imports Map back only inside warm_up()
 
 _HOST = torch.device("cpu")  # tracking poses live on the host (see mapper.registration)
 MAX_TRAJECTORY = 100_000  # sensor poses kept per map (the oldest half is dropped beyond)
@@ -112,7 +112,7 @@ class Map(MapReads):
         self._trajectory = Trajectory()  # the pose of every integrated frame and the map version after it
         self.read_only = False  # a read_view(): queries only
         if warmup and self.device.type == "cuda":
-            warm_up(self.config(), self.device)
+            warm.warm_up(self.config(), self.device)
 
     def _bind(self) -> None:
         """The stored layers in integration order with their ESDF queue (None without an ESDF)."""
