@@ -38,7 +38,6 @@ import logging
 import os
 import re
 import shutil
-import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,6 +49,7 @@ from .persistence import (
     FORMAT_VERSION,
     Snapshot,
     SnapshotDamaged,
+    file_crc32,
     iter_records,
     manifest_bytes,
     pack_record,
@@ -254,15 +254,6 @@ def _missing(e: Exception) -> bool:
     )
 
 
-def _crc(path: Path) -> int:
-    """CRC32 of a file (a snapshot: checked end to end, from the writer's cache to a reader's)."""
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            crc = zlib.crc32(chunk, crc)
-    return crc
-
-
 # ---------------------------------------------------------------------------------------------- WAL
 class ObjectWal:
     """The WAL of one map in the store: ``append`` buffers records, ``sync`` PUTs them as one object
@@ -370,12 +361,12 @@ class ObjectMapDir:
         path = self.snapshot_path(seq)
         if "bytes" not in marker or "crc32" not in marker:
             raise SnapshotDamaged("manifest lacks the snapshot's size and CRC32")
-        if path.exists() and path.stat().st_size == marker["bytes"] and _crc(path) == marker["crc32"]:
+        if path.exists() and path.stat().st_size == marker["bytes"] and file_crc32(path) == marker["crc32"]:
             return Snapshot(seq, path, marker["meta"])
         self.root.mkdir(parents=True, exist_ok=True)
         if not self.objects.download(self.prefix + path.name, path):
             raise SnapshotDamaged(f"{self.url(path.name)} is missing")
-        if _crc(path) != marker["crc32"] or path.stat().st_size != marker["bytes"]:
+        if file_crc32(path) != marker["crc32"] or path.stat().st_size != marker["bytes"]:
             path.unlink(missing_ok=True)
             raise SnapshotDamaged(f"{self.url(path.name)}: CRC32 differs from its manifest's")
         return Snapshot(seq, path, marker["meta"])
