@@ -380,20 +380,13 @@ def test_incremental_equals_cold_edits(device):
     assert torch.equal(integ.view()[1]["esdf"], vals_before["esdf"])
 
 
-@pytest.mark.parametrize("source", ["tsdf", "occupancy"])
-def test_cuda_path_choices_equal_cpu_path(monkeypatch, source):
-    """The CUDA path's choices taken on the CPU (``esdf._cuda_path``: one chunk per pass, dense brick
-    sets, prefix counts, the line passes in chunks of ``CUDA_ROWS`` slots, the envelope passes on the
-    whole domain) give the CPU path's layer bit for bit, cold and incremental (the CPU path is checked
-    against SciPy / brute force above; CUDA runs these choices)."""
-    from mapper.integrators import esdf as esdf_mod
-
-    maxd = 0.45
+def source_scene(source: str):
+    """A CPU layer of ``source`` ("tsdf" or "occupancy") and ``write(bricks, sdf) -> bricks``, which fills
+    whole bricks from an SDF (TSDF: the band; occupancy: +-log-odds with 20 % unknown), plus the
+    ``(tsdf, occ)`` arguments of ``EsdfIntegrator.update`` for it."""
     layer = BrickLayer(
         tsdf_fields(TsdfConfig(VOX)) if source == "tsdf" else occupancy_fields(), torch.device("cpu")
     )
-    args = (layer, None) if source == "tsdf" else (None, layer)
-    cpu, cuda = EsdfIntegrator(VOX, maxd, "cpu"), EsdfIntegrator(VOX, maxd, "cpu")
 
     def write(bricks, sdf):
         if source == "tsdf":
@@ -403,6 +396,21 @@ def test_cuda_path_choices_equal_cpu_path(monkeypatch, source):
         b = torch.as_tensor(bricks)
         layer.pool.scatter("log_odds", layer.allocate(b), torch.as_tensor(lo).float())
         return b
+
+    return write, ((layer, None) if source == "tsdf" else (None, layer))
+
+
+@pytest.mark.parametrize("source", ["tsdf", "occupancy"])
+def test_cuda_path_choices_equal_cpu_path(monkeypatch, source):
+    """The CUDA path's choices taken on the CPU (``esdf._cuda_path``: one chunk per pass, dense brick
+    sets, prefix counts, the line passes in chunks of ``CUDA_ROWS`` slots, the envelope passes on the
+    whole domain) give the CPU path's layer bit for bit, cold and incremental (the CPU path is checked
+    against SciPy / brute force above; CUDA runs these choices)."""
+    from mapper.integrators import esdf as esdf_mod
+
+    maxd = 0.45
+    write, args = source_scene(source)
+    cpu, cuda = EsdfIntegrator(VOX, maxd, "cpu"), EsdfIntegrator(VOX, maxd, "cpu")
 
     def both(dirty):
         cpu.update(*args, dirty)

@@ -8,40 +8,25 @@ from __future__ import annotations
 import logging
 import os
 
-import numpy as np
 import pytest
 import torch
-from test_esdf import VOX, assert_same_layer, block_bricks, box_sdf, brick_centres, sphere_sdf, write_tsdf
+from test_esdf import (
+    VOX,
+    assert_same_layer,
+    block_bricks,
+    box_sdf,
+    source_scene,
+    sphere_sdf,
+)
 
 from mapper.integrators import esdf as esdf_mod
 from mapper.integrators.esdf import EsdfIntegrator
-from mapper.integrators.occupancy import occupancy_fields
-from mapper.integrators.tsdf import TsdfConfig, tsdf_fields
-from mapper.layers import BrickLayer
-
-
-def _scene(source):
-    layer = BrickLayer(
-        tsdf_fields(TsdfConfig(VOX)) if source == "tsdf" else occupancy_fields(), torch.device("cpu")
-    )
-
-    def write(bricks, sdf):
-        if source == "tsdf":
-            return write_tsdf(layer, bricks, sdf, band_only=True, seed=2)
-        lo = np.where(sdf(brick_centres(bricks)) < 0, 1.5, -0.5)
-        lo[np.random.default_rng(3).random(lo.shape) < 0.2] = np.nan
-        b = torch.as_tensor(bricks)
-        layer.pool.scatter("log_odds", layer.allocate(b), torch.as_tensor(lo).float())
-        return b
-
-    args = (layer, None) if source == "tsdf" else (None, layer)
-    return write, args
 
 
 @pytest.mark.parametrize(("source", "esdf_voxel"), [("tsdf", VOX), ("occupancy", VOX), ("tsdf", 2 * VOX)])
 def test_tiled_update_and_cold_equal_one_pass(monkeypatch, caplog, source, esdf_voxel):
     monkeypatch.setattr(esdf_mod, "TILE_SHIFT", 2)  # tiles of 4^3 bricks: several in a small scene
-    write, args = _scene(source)
+    write, args = source_scene(source)
     one = EsdfIntegrator(esdf_voxel, 0.45, "cpu", source_voxel_size_m=VOX)
     tiled = EsdfIntegrator(esdf_voxel, 0.45, "cpu", source_voxel_size_m=VOX)
     tiled.tile_bricks = 48
@@ -81,7 +66,7 @@ def test_gpu_choices_chunked_triton_line_pass_equals_cpu_path(monkeypatch):
         pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1 (set when there is no CUDA)")
     from mapper.kernels.triton_linemin import line_min_triton
 
-    write, args = _scene("tsdf")
+    write, args = source_scene("tsdf")
     cpu, cuda = EsdfIntegrator(VOX, 0.25, "cpu"), EsdfIntegrator(VOX, 0.25, "cpu")
     b1 = write(block_bricks([-0.5] * 3, [0.5] * 3), sphere_sdf([0, 0, 0], 0.3))
     cpu.update(*args, [b1])
